@@ -1,0 +1,498 @@
+"""RolloutRunner: batched lockstep execution of rollout branches (DESIGN section 6)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium
+from tqdm.auto import tqdm
+
+from trace_gym.budget import Ledger
+from trace_gym.env import BranchableEnv, Snapshot, restore, snapshot
+from trace_gym.errors import ConfigError
+from trace_gym.policies.base import Policy
+from trace_gym.seeding import mix
+from trace_gym.tree import Node, RolloutTree
+from trace_gym.types import Generation, GenerationRequest, Message, Task
+
+EnvFactory = Callable[[], gymnasium.Env[str, str]]
+
+
+@dataclass(frozen=True)
+class Job:
+    """Run `continuations` rollouts from one anchor.
+
+    Attributes:
+        anchor: A task (the rollouts start from its root, in a new tree) or a node of
+            an existing tree (the env is restored to its snapshot; the rollouts become
+            its children).
+        continuations: How many rollouts to run from the anchor.
+        stage: The ledger stage the rollouts are counted under.
+    """
+
+    anchor: Task | Node
+    continuations: int
+    stage: str = "root"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.continuations, bool) or not isinstance(self.continuations, int):
+            raise ConfigError(f"Job.continuations must be an int, got {self.continuations!r}.")
+        if self.continuations < 1:
+            raise ConfigError(f"Job.continuations must be >= 1, got {self.continuations}.")
+        if isinstance(self.anchor, Node):
+            if self.anchor.tree is None:
+                raise ConfigError("A node anchor must belong to a RolloutTree.")
+            if self.anchor.done:
+                raise ConfigError(
+                    f"Cannot branch from node {self.anchor.id}: its trajectory has ended "
+                    "(terminated, truncated or failed). Anchor on an earlier node."
+                )
+            if self.anchor.snapshot is None:
+                raise ConfigError(
+                    f"Node {self.anchor.id} has no snapshot (trees read from JSON lines carry "
+                    "none); branch only from trees the runner produced in this process."
+                )
+        elif not isinstance(self.anchor, Task):
+            raise ConfigError(f"Job.anchor must be a Task or a Node, got {type(self.anchor).__name__}.")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings for every request the runner makes."""
+
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    max_new_tokens: int = 512
+    """Cap on generated tokens per turn."""
+
+
+@dataclass
+class _Branch:
+    """One rollout in flight."""
+
+    tree: RolloutTree
+    node: Node  # the last turn (or the anchor)
+    stage: str
+    messages: list[Message]
+    env: gymnasium.Env[str, str] | None = None
+    anchor_snapshot: Snapshot | None = None  # to restore before the first step
+
+
+@dataclass
+class _StepResult:
+    """What stepping one branch's env gave (computed in a worker thread)."""
+
+    messages: list[Message] = field(default_factory=list)
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    snapshot: Snapshot | None = None
+    error: str | None = None
+
+
+def _jsonable(info: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep the JSON-serialisable part of an info dict (NumPy scalars become Python ones)."""
+    out = {}
+    for key, value in info.items():
+        if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+            value = value.item()
+        if isinstance(value, (bool, int, float, str, type(None))):
+            out[str(key)] = value
+            continue
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        out[str(key)] = value
+    return out
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class RolloutRunner:
+    """Runs jobs to completion, all live branches in lockstep.
+
+    Each tick makes one batched `policy.generate` call for every branch that needs a
+    turn (branches starting together from one anchor share one request with `n`),
+    then steps the envs in a thread pool. Env instances come from a pool and are
+    reused through `restore`. A failing generation, env step or restore becomes a
+    failed leaf with its error recorded; the other branches go on and the ledger stays
+    exact.
+
+    Args:
+        env: An env id for `gymnasium.make` (with `env_kwargs`) or a zero-argument
+            factory returning a (possibly wrapped) `BranchableEnv`.
+        policy: The generation backend.
+        seed: Seeds every reset and generation request; same seed and jobs give the
+            same trees.
+        sampling: Sampling settings for every request.
+        env_kwargs: Keyword arguments for `gymnasium.make` when `env` is an id.
+        max_live: The most branches in flight at once (bounds env instances).
+        step_workers: Threads that step envs; 1 steps them in the calling thread.
+        progress: Show a progress bar (None: only when stderr is a terminal).
+
+    Example:
+        >>> import trace_gym
+        >>> runner = trace_gym.RolloutRunner("trace_gym/SyntheticTree-v0", trace_gym.SimulatedPolicy())
+        >>> task = runner.tasks[0]
+        >>> [tree] = runner.run([trace_gym.Job(task, 4)])
+        >>> len(list(tree.leaves()))
+        4
+    """
+
+    def __init__(
+        self,
+        env: str | EnvFactory,
+        policy: Policy,
+        *,
+        seed: int = 0,
+        sampling: SamplingParams | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        max_live: int = 1024,
+        step_workers: int = 4,
+        progress: bool | None = False,
+    ) -> None:
+        if isinstance(env, str):
+            env_id, kwargs = env, dict(env_kwargs or {})
+            self._make: EnvFactory = lambda: gymnasium.make(env_id, **kwargs)
+        elif callable(env):
+            if env_kwargs:
+                raise ConfigError("env_kwargs applies only when env is an id; bind them in your factory.")
+            self._make = env
+        else:
+            raise ConfigError(f"env must be an env id or a factory, got {type(env).__name__}.")
+        if not hasattr(policy, "generate"):
+            raise ConfigError(f"policy must have a generate(requests) method, got {type(policy).__name__}.")
+        if max_live < 1 or step_workers < 1:
+            raise ConfigError(f"max_live and step_workers must be >= 1, got {max_live}, {step_workers}.")
+        self.policy = policy
+        self.seed = seed
+        self.sampling = sampling or SamplingParams()
+        self.max_live = max_live
+        self.step_workers = step_workers
+        self.progress = progress
+        self._counter = 0
+        self._pool: list[gymnasium.Env[str, str]] = []
+        self._executor: ThreadPoolExecutor | None = None
+        probe = self._new_env()
+        base = probe.unwrapped
+        assert isinstance(base, BranchableEnv)
+        self.tasks: Sequence[Task] = base.tasks
+        self._stop = tuple(base.stop_sequences)
+        self._tools = tuple(base.tools)
+        self._pool.append(probe)
+
+    # ----- env pool -------------------------------------------------------------------
+    def _new_env(self) -> gymnasium.Env[str, str]:
+        env = self._make()
+        if not isinstance(env.unwrapped, BranchableEnv):
+            raise ConfigError(
+                f"The runner needs a trace_gym.BranchableEnv, the factory made "
+                f"{type(env.unwrapped).__name__}. Subclass BranchableEnv to make it branchable."
+            )
+        return env
+
+    def _acquire(self) -> gymnasium.Env[str, str]:
+        return self._pool.pop() if self._pool else self._new_env()
+
+    def _release(self, branch: _Branch) -> None:
+        if branch.env is not None:
+            self._pool.append(branch.env)
+            branch.env = None
+
+    def close(self) -> None:
+        """Close pooled envs and the step threads."""
+        for env in self._pool:
+            env.close()
+        self._pool.clear()
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
+
+    def __enter__(self) -> RolloutRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _next_seed(self) -> int:
+        self._counter += 1
+        return mix(self.seed, self._counter) >> 1  # 63 bits: fits every backend's seed type
+
+    # ----- the main loop --------------------------------------------------------------
+    def run(self, jobs: Sequence[Job], ledger: Ledger | None = None) -> list[RolloutTree]:
+        """Run every job to completion and return the trees they grew, in job order.
+
+        Costs are added to `ledger` (a fresh one is used when None). Wall time is split
+        among the stages of the jobs in proportion to their turns.
+        """
+        for job in jobs:
+            if not isinstance(job, Job):
+                raise ConfigError(f"run() takes a sequence of Job, got {type(job).__name__}.")
+        ledger = ledger if ledger is not None else Ledger()
+        start = time.perf_counter()
+        turns_before = {name: cost.turns for name, cost in ledger.stages.items()}
+        trees: list[RolloutTree] = []
+        pending: deque[tuple[Job, Node | None, int]] = deque()
+        for job in jobs:
+            node = job.anchor if isinstance(job.anchor, Node) else None
+            pending.append((job, node, job.continuations))
+            if node is not None and node.tree is not None and node.tree not in trees:
+                trees.append(node.tree)
+        total = sum(job.continuations for job in jobs)
+        live: list[_Branch] = []
+        with tqdm(total=total, unit="rollout", disable=self._progress_disabled(), leave=False) as bar:
+            while pending or live:
+                starts = self._fill(pending, live, trees, ledger, bar)
+                requests, owners = self._requests(live, starts)
+                generations = self._generate(requests)
+                stepping: list[tuple[_Branch, Generation, int]] = []
+                for (branches, seed), samples in zip(owners, generations):
+                    for branch, generation in zip(branches, samples):
+                        stepping.append((branch, generation, seed))
+                results = iter(self._step_all([(b, g) for b, g, _ in stepping if not g.failed]))
+                finished = set()
+                for branch, generation, seed in stepping:
+                    result = None if generation.failed else next(results)
+                    node = self._record(branch, generation, seed, result, ledger)
+                    if node.done:
+                        finished.add(id(branch))
+                        self._release(branch)
+                        bar.update(1)
+                live = [b for b in live if id(b) not in finished]
+        self._charge_time(ledger, turns_before, time.perf_counter() - start)
+        return trees
+
+    def _progress_disabled(self) -> bool | None:
+        return None if self.progress is None else not self.progress
+
+    def _fill(
+        self,
+        pending: deque[tuple[Job, Node | None, int]],
+        live: list[_Branch],
+        trees: list[RolloutTree],
+        ledger: Ledger,
+        bar: Any,
+    ) -> list[list[_Branch]]:
+        """Start waiting branches while there is room; branches started together from
+        one anchor form a group that shares one request."""
+        groups: list[list[_Branch]] = []
+        while pending and len(live) < self.max_live:
+            job, anchor, remaining = pending.popleft()
+            if anchor is None:
+                assert isinstance(job.anchor, Task)
+                anchor = self._start_tree(job.anchor, job.stage, ledger)
+                trees.append(anchor.tree)  # type: ignore[arg-type]
+                if anchor.failed:
+                    bar.update(remaining)
+                    continue
+            take = min(remaining, self.max_live - len(live))
+            assert anchor.tree is not None and anchor.snapshot is not None
+            history = anchor.history()
+            group = [
+                _Branch(anchor.tree, anchor, job.stage, history, anchor_snapshot=anchor.snapshot)
+                for _ in range(take)
+            ]
+            live.extend(group)
+            groups.append(group)
+            if remaining > take:
+                pending.appendleft((job, anchor, remaining - take))
+        return groups
+
+    def _start_tree(self, task: Task, stage: str, ledger: Ledger) -> Node:
+        """Reset an env on `task` and make the tree's root (with the env's snapshot)."""
+        tree = RolloutTree(task)
+        env = self._acquire()
+        seed = self._next_seed()
+        root = tree.root
+        root.stage = stage
+        root.seed = seed
+        try:
+            env.reset(seed=seed, options={"task": task})
+            base = env.unwrapped
+            assert isinstance(base, BranchableEnv)
+            root.messages = tuple(base.transcript)
+            root.snapshot = snapshot(env)
+        except Exception as exc:  # an env that cannot start this task: a failed rollout
+            root.failed, root.error = True, f"reset failed: {_describe(exc)}"
+            env.close()
+            cost = ledger.stage(stage)
+            cost.rollouts += 1
+            cost.failures += 1
+            return root
+        self._pool.append(env)
+        return root
+
+    def _requests(
+        self, live: list[_Branch], starts: list[list[_Branch]]
+    ) -> tuple[list[GenerationRequest], list[tuple[list[_Branch], int]]]:
+        """One request per group of new branches (with n) and per other live branch."""
+        started = {id(b) for group in starts for b in group}
+        units = starts + [[b] for b in live if id(b) not in started]
+        requests, owners = [], []
+        for group in units:
+            seed = self._next_seed()
+            requests.append(
+                GenerationRequest(
+                    messages=tuple(group[0].messages),
+                    n=len(group),
+                    temperature=self.sampling.temperature,
+                    top_p=self.sampling.top_p,
+                    max_new_tokens=self.sampling.max_new_tokens,
+                    stop=self._stop,
+                    seed=seed,
+                    tools=self._tools,
+                )
+            )
+            owners.append((group, seed))
+        return requests, owners
+
+    def _generate(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
+        """One batched call; if it raises, each request alone, so one bad request fails alone."""
+        if not requests:
+            return []
+        try:
+            return self._checked(requests, self.policy.generate(requests))
+        except Exception:  # the batch failed: isolate the failing requests
+            out = []
+            for request in requests:
+                try:
+                    out.extend(self._checked([request], self.policy.generate([request])))
+                except Exception as exc:
+                    out.append([Generation.failure(_describe(exc))] * request.n)
+            return out
+
+    @staticmethod
+    def _checked(
+        requests: list[GenerationRequest], generations: list[list[Generation]]
+    ) -> list[list[Generation]]:
+        if len(generations) != len(requests):
+            raise ConfigError(
+                f"policy.generate returned {len(generations)} lists for {len(requests)} requests; "
+                "it must return one list per request."
+            )
+        out = []
+        for request, samples in zip(requests, generations):
+            if len(samples) != request.n:
+                error = f"policy returned {len(samples)} samples for a request with n={request.n}"
+                samples = [Generation.failure(error)] * request.n
+            out.append(list(samples))
+        return out
+
+    def _step_all(self, work: list[tuple[_Branch, Generation]]) -> list[_StepResult]:
+        """Step each branch's env with its generation, in chunks on the thread pool."""
+        if self.step_workers == 1 or len(work) < 2:
+            return [self._step_one(b, g) for b, g in work]
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.step_workers, thread_name_prefix="trace-gym-step")
+        size = math.ceil(len(work) / self.step_workers)
+        chunks = [work[i : i + size] for i in range(0, len(work), size)]
+        futures = [self._executor.submit(self._step_chunk, chunk) for chunk in chunks]
+        return [result for future in futures for result in future.result()]
+
+    def _step_chunk(self, chunk: list[tuple[_Branch, Generation]]) -> list[_StepResult]:
+        return [self._step_one(b, g) for b, g in chunk]
+
+    def _step_one(self, branch: _Branch, generation: Generation) -> _StepResult:
+        """Restore (on a branch's first step) and step one env; failures become results."""
+        if branch.env is None:
+            branch.env = self._acquire_threadsafe()
+            try:
+                assert branch.anchor_snapshot is not None
+                restore(branch.env, branch.anchor_snapshot)
+            except Exception as exc:
+                branch.env.close()
+                branch.env = None
+                return _StepResult(error=f"restore failed: {_describe(exc)}")
+            branch.anchor_snapshot = None
+        env = branch.env
+        base = env.unwrapped
+        assert isinstance(base, BranchableEnv)
+        try:
+            before = base.transcript_length
+            _, reward, terminated, truncated, info = env.step(generation.text)
+            result = _StepResult(
+                base.messages_since(before + 1), float(reward), bool(terminated), bool(truncated), info
+            )
+            if not (terminated or truncated):
+                result.snapshot = snapshot(env)
+            return result
+        except Exception as exc:  # a failing env or tool: this rollout fails, others go on
+            env.close()
+            branch.env = None
+            return _StepResult(error=f"env step failed: {_describe(exc)}")
+
+    def _acquire_threadsafe(self) -> gymnasium.Env[str, str]:
+        try:
+            return self._pool.pop()  # list.pop is atomic under the GIL
+        except IndexError:
+            return self._new_env()
+
+    def _record(
+        self,
+        branch: _Branch,
+        generation: Generation,
+        seed: int,
+        result: _StepResult | None,
+        ledger: Ledger,
+    ) -> Node:
+        """Add the branch's new turn to its tree and count it."""
+        fields: dict[str, Any] = {
+            "action": generation.text,
+            "stage": branch.stage,
+            "finish_reason": generation.finish_reason,
+            "prompt_tokens": generation.prompt_tokens,
+            "completion_tokens": generation.completion_tokens,
+            "prompt_token_ids": generation.prompt_token_ids,
+            "completion_token_ids": generation.completion_token_ids,
+            "logprobs": generation.logprobs,
+            "seed": seed,
+        }
+        if result is None:
+            fields.update(failed=True, error=f"generation failed: {generation.error}")
+        elif result.error is not None:
+            fields.update(failed=True, error=result.error)
+        else:
+            fields.update(
+                messages=tuple(result.messages),
+                reward=result.reward,
+                terminated=result.terminated,
+                truncated=result.truncated,
+                success=bool(result.info.get("success", False)),
+                tool_calls=int(result.info.get("tool_calls", 0)),
+                info=_jsonable(result.info),
+                snapshot=result.snapshot,
+            )
+        node = branch.tree.add_child(branch.node, **fields)
+        branch.node = node
+        if not node.done:
+            branch.messages = [*branch.messages, {"role": "assistant", "content": node.action}, *node.messages]
+        cost = ledger.stage(branch.stage)
+        cost.turns += 1
+        cost.prompt_tokens += node.prompt_tokens
+        cost.generated_tokens += node.completion_tokens
+        cost.tool_calls += node.tool_calls
+        if node.done:
+            cost.rollouts += 1
+            cost.failures += node.failed
+        return node
+
+    @staticmethod
+    def _charge_time(ledger: Ledger, turns_before: dict[str, int], seconds: float) -> None:
+        added = {n: c.turns - turns_before.get(n, 0) for n, c in ledger.stages.items()}
+        total = sum(added.values())
+        for name, turns in added.items():
+            if total and turns:
+                ledger.stage(name).wall_time += seconds * turns / total
