@@ -34,9 +34,8 @@ class Budget:
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise BudgetError(f"Budget.{f.name} must be an int, got {value!r}.")
-        m, n, m_max, pool, g = (
-            self.roots, self.continuations_per_root, self.max_per_prompt, self.candidates, self.min_group,
-        )  # fmt: skip
+        m, n, m_max = self.roots, self.continuations_per_root, self.max_per_prompt
+        pool, g = self.candidates, self.min_group
         if g < 1:
             raise BudgetError(f"min_group must be >= 1, got {g}.")
         if n < 0:

@@ -71,7 +71,7 @@ class Snapshot:
     wrappers: tuple[tuple[str, Any], ...] = ()
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome:
     """What one turn did: returned by `BranchableEnv._act`.
 
@@ -127,12 +127,15 @@ class BranchableEnv(gymnasium.Env[str, str]):
         max_turns: The env's own turn limit (`truncated=True` when hit).
         tools: The env's tools as OpenAI-format function schemas.
         stop_sequences: Where a generated turn ends; passed to every policy backend.
+        steps_block: Whether `step` may wait on I/O (a tool, a sandbox, a server); the
+            runner steps such envs in a thread pool and CPU-only ones inline.
         tasks: The env's task source.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}  # type: ignore[misc]
     tools: tuple[Mapping[str, Any], ...] = ()
     stop_sequences: tuple[str, ...] = DEFAULT_STOP_SEQUENCES
+    steps_block: bool = True
 
     def __init__(
         self,
@@ -148,8 +151,7 @@ class BranchableEnv(gymnasium.Env[str, str]):
             raise ConfigError(f"{type(self).__name__} needs at least one task, got none.")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ConfigError(
-                f"render_mode must be one of {self.metadata['render_modes']} or None, "
-                f"got {render_mode!r}."
+                f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}."
             )
         self.tasks: Sequence[Task] = tasks
         self.max_turns = max_turns
@@ -189,7 +191,7 @@ class BranchableEnv(gymnasium.Env[str, str]):
         return self.action_space.sample()
 
     # ----- the Gymnasium API ----------------------------------------------------------
-    @property  # type: ignore[override]
+    @property
     def np_random(self) -> np.random.Generator:
         """The env's RNG; every access marks its state as possibly changed."""
         self._rng_used = True
@@ -222,8 +224,7 @@ class BranchableEnv(gymnasium.Env[str, str]):
             raise ResetNeeded("Cannot call step() before reset() or restore().")
         if self._done:
             raise ResetNeeded(
-                "The episode is over (terminated or truncated); call reset() or restore() "
-                "before step()."
+                "The episode is over (terminated or truncated); call reset() or restore() before step()."
             )
         if not isinstance(action, str):
             raise TypeError(f"An action is the assistant's turn as str, got {type(action).__name__}.")
@@ -232,14 +233,18 @@ class BranchableEnv(gymnasium.Env[str, str]):
         terminated = bool(outcome.terminated)
         truncated = not terminated and self._turn >= self.max_turns
         self._done = terminated or truncated
-        self._transcript = (*self._transcript, {"role": "assistant", "content": action}, *outcome.messages)
+        self._transcript = (
+            *self._transcript,
+            {"role": "assistant", "content": action},
+            *outcome.messages,
+        )
         info = outcome.info
         success = outcome.success if outcome.success is not None else (terminated and outcome.reward > 0)
         info["success"] = bool(success)
         info["turn"] = self._turn
         return self._transcript[-1]["content"], float(outcome.reward), terminated, truncated, info
 
-    def render(self) -> str | None:  # type: ignore[override]
+    def render(self) -> str | None:
         """With render_mode "ansi", the transcript as text."""
         if self.render_mode != "ansi":
             return None
@@ -284,7 +289,14 @@ class BranchableEnv(gymnasium.Env[str, str]):
         if self._rng_used or self._rng_cache is None:
             self._rng_cache = _rng_state(self.np_random)
             self._rng_used = False
-        state = (self._task, self._transcript, self._turn, self._done, self._rng_cache, self._get_state())
+        state = (
+            self._task,
+            self._transcript,
+            self._turn,
+            self._done,
+            self._rng_cache,
+            self._get_state(),
+        )
         return Snapshot(self.env_id, state)
 
     def restore(self, snapshot: Snapshot) -> None:
@@ -405,8 +417,6 @@ def _set_attr(name: str) -> Callable[[Any, Any], None]:
     return lambda w, v: setattr(w, name, v)
 
 
-
-
 def _passive_checks_done(wrapper: Any, _state: Any) -> None:
     # The checker compares a step with the reset before it; a restored env had no reset
     # here, so its one-off checks are marked done (they ran where the snapshot was taken).
@@ -451,28 +461,47 @@ def _wrapper_chain(env: gymnasium.Env[Any, Any]) -> tuple[list[Any], BranchableE
     return chain, inner
 
 
+class Brancher:
+    """Snapshots and restores one (possibly wrapped) env, its wrapper chain resolved once.
+
+    `trace_gym.snapshot(env)` and `trace_gym.restore(env, s)` build one per call; code
+    that branches the same env many times (the runner) keeps one per env.
+    """
+
+    def __init__(self, env: gymnasium.Env[Any, Any]) -> None:
+        self.env = env
+        chain, self.base = _wrapper_chain(env)
+        self._wrappers = [(w, _WRAPPER_HANDLERS[type(w)]) for w in chain]
+        self._names = tuple(type(w).__name__ for w in chain)
+
+    def snapshot(self) -> Snapshot:
+        """Snapshot the env and its wrappers."""
+        base = self.base.snapshot()
+        if not self._wrappers:
+            return base
+        states = tuple((name, h.get(w)) for name, (w, h) in zip(self._names, self._wrappers, strict=True))
+        return Snapshot(base.env_id, base.state, states)
+
+    def restore(self, snap: Snapshot) -> None:
+        """Restore `snap` into the env and its wrappers."""
+        saved = tuple(name for name, _ in snap.wrappers)
+        if snap.wrappers and saved != self._names:
+            raise SnapshotError(
+                f"The snapshot was taken through wrappers {list(saved)} but the env has "
+                f"{list(self._names)}; restore into an env made the same way (same "
+                "gymnasium.make call)."
+            )
+        self.base.restore(snap)
+        for i, (wrapper, handler) in enumerate(self._wrappers):
+            state = snap.wrappers[i][1] if snap.wrappers else handler.default(wrapper, self.base)
+            handler.set(wrapper, state)
+
+
 def snapshot(env: gymnasium.Env[Any, Any]) -> Snapshot:
     """Snapshot a branchable env through the wrappers `gymnasium.make` adds."""
-    chain, inner = _wrapper_chain(env)
-    base = inner.snapshot()
-    if not chain:
-        return base
-    states = tuple((type(w).__name__, _WRAPPER_HANDLERS[type(w)].get(w)) for w in chain)
-    return Snapshot(base.env_id, base.state, states)
+    return Brancher(env).snapshot()
 
 
 def restore(env: gymnasium.Env[Any, Any], snap: Snapshot) -> None:
     """Restore `snap` into a (possibly wrapped) branchable env, wrappers included."""
-    chain, inner = _wrapper_chain(env)
-    names = tuple(type(w).__name__ for w in chain)
-    saved = tuple(name for name, _ in snap.wrappers)
-    if snap.wrappers and saved != names:
-        raise SnapshotError(
-            f"The snapshot was taken through wrappers {list(saved)} but the env has "
-            f"{list(names)}; restore into an env made the same way (same gymnasium.make call)."
-        )
-    inner.restore(snap)
-    for i, wrapper in enumerate(chain):
-        handler = _WRAPPER_HANDLERS[type(wrapper)]
-        state = snap.wrappers[i][1] if snap.wrappers else handler.default(wrapper, inner)
-        handler.set(wrapper, state)
+    Brancher(env).restore(snap)

@@ -45,7 +45,7 @@ class MissingDependencyError(TraceGymError, ImportError):
         )
 
 
-class ContractViolation(TraceGymError, AssertionError):
+class ContractViolation(TraceGymError, AssertionError):  # noqa: N818 (reads as the event)
     """An env broke the branchable-env contract; raised by `check_branchable_env`.
 
     Attributes:

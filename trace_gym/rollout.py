@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import time
@@ -15,10 +16,10 @@ import gymnasium
 from tqdm.auto import tqdm
 
 from trace_gym.budget import Ledger
-from trace_gym.env import BranchableEnv, Snapshot, restore, snapshot
+from trace_gym.env import BranchableEnv, Brancher, Snapshot
 from trace_gym.errors import ConfigError
 from trace_gym.policies.base import Policy
-from trace_gym.seeding import mix
+from trace_gym.seeding import splitmix64, stream
 from trace_gym.tree import Node, RolloutTree
 from trace_gym.types import Generation, GenerationRequest, Message, Task
 
@@ -75,7 +76,7 @@ class SamplingParams:
     """Cap on generated tokens per turn."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Branch:
     """One rollout in flight."""
 
@@ -83,11 +84,11 @@ class _Branch:
     node: Node  # the last turn (or the anchor)
     stage: str
     messages: list[Message]
-    env: gymnasium.Env[str, str] | None = None
+    env: Brancher | None = None
     anchor_snapshot: Snapshot | None = None  # to restore before the first step
 
 
-@dataclass
+@dataclass(slots=True)
 class _StepResult:
     """What stepping one branch's env gave (computed in a worker thread)."""
 
@@ -100,15 +101,18 @@ class _StepResult:
     error: str | None = None
 
 
+_SCALARS = frozenset({bool, int, float, str})
+
+
 def _jsonable(info: Mapping[str, Any]) -> dict[str, Any]:
     """Keep the JSON-serialisable part of an info dict (NumPy scalars become Python ones)."""
     out = {}
     for key, value in info.items():
-        if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
-            value = value.item()
-        if isinstance(value, (bool, int, float, str, type(None))):
+        if value is None or type(value) in _SCALARS:
             out[str(key)] = value
             continue
+        if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+            value = value.item()
         try:
             json.dumps(value)
         except (TypeError, ValueError):
@@ -142,12 +146,15 @@ class RolloutRunner:
         max_live: The most branches in flight at once (bounds env instances).
         step_workers: Threads that step envs; 1 steps them in the calling thread.
         progress: Show a progress bar (None: only when stderr is a terminal).
+        pause_gc: Pause Python's cyclic garbage collector during `run` (re-enabled after):
+            trees are large cyclic graphs whose repeated scans can cost the runner half its
+            time; reference counting still frees everything acyclic meanwhile.
 
     Example:
-        >>> import trace_gym
-        >>> runner = trace_gym.RolloutRunner("trace_gym/SyntheticTree-v0", trace_gym.SimulatedPolicy())
+        >>> from trace_gym import Job, RolloutRunner, SimulatedPolicy
+        >>> runner = RolloutRunner("trace_gym/SyntheticTree-v0", SimulatedPolicy())
         >>> task = runner.tasks[0]
-        >>> [tree] = runner.run([trace_gym.Job(task, 4)])
+        >>> [tree] = runner.run([Job(task, 4)])
         >>> len(list(tree.leaves()))
         4
     """
@@ -163,6 +170,7 @@ class RolloutRunner:
         max_live: int = 1024,
         step_workers: int = 4,
         progress: bool | None = False,
+        pause_gc: bool = True,
     ) -> None:
         if isinstance(env, str):
             env_id, kwargs = env, dict(env_kwargs or {})
@@ -183,29 +191,34 @@ class RolloutRunner:
         self.max_live = max_live
         self.step_workers = step_workers
         self.progress = progress
+        self.pause_gc = pause_gc
         self._counter = 0
-        self._pool: list[gymnasium.Env[str, str]] = []
+        self._seed_state = splitmix64(seed & (2**64 - 1))
+        self._pool: list[Brancher] = []
         self._executor: ThreadPoolExecutor | None = None
         probe = self._new_env()
-        base = probe.unwrapped
-        assert isinstance(base, BranchableEnv)
+        base = probe.base
         self.tasks: Sequence[Task] = base.tasks
         self._stop = tuple(base.stop_sequences)
         self._tools = tuple(base.tools)
+        self._steps_block = bool(base.steps_block)
         self._pool.append(probe)
 
     # ----- env pool -------------------------------------------------------------------
-    def _new_env(self) -> gymnasium.Env[str, str]:
+    def _new_env(self) -> Brancher:
         env = self._make()
         if not isinstance(env.unwrapped, BranchableEnv):
             raise ConfigError(
                 f"The runner needs a trace_gym.BranchableEnv, the factory made "
                 f"{type(env.unwrapped).__name__}. Subclass BranchableEnv to make it branchable."
             )
-        return env
+        return Brancher(env)
 
-    def _acquire(self) -> gymnasium.Env[str, str]:
-        return self._pool.pop() if self._pool else self._new_env()
+    def _acquire(self) -> Brancher:
+        try:
+            return self._pool.pop()  # list.pop is atomic under the GIL (workers call this)
+        except IndexError:
+            return self._new_env()
 
     def _release(self, branch: _Branch) -> None:
         if branch.env is not None:
@@ -214,8 +227,8 @@ class RolloutRunner:
 
     def close(self) -> None:
         """Close pooled envs and the step threads."""
-        for env in self._pool:
-            env.close()
+        for slot in self._pool:
+            slot.env.close()
         self._pool.clear()
         if self._executor is not None:
             self._executor.shutdown()
@@ -229,7 +242,7 @@ class RolloutRunner:
 
     def _next_seed(self) -> int:
         self._counter += 1
-        return mix(self.seed, self._counter) >> 1  # 63 bits: fits every backend's seed type
+        return stream(self._seed_state, self._counter) >> 1  # 63 bits: fits every backend's seed type
 
     # ----- the main loop --------------------------------------------------------------
     def run(self, jobs: Sequence[Job], ledger: Ledger | None = None) -> list[RolloutTree]:
@@ -242,6 +255,16 @@ class RolloutRunner:
             if not isinstance(job, Job):
                 raise ConfigError(f"run() takes a sequence of Job, got {type(job).__name__}.")
         ledger = ledger if ledger is not None else Ledger()
+        gc_was_enabled = gc.isenabled()
+        if self.pause_gc:
+            gc.disable()
+        try:
+            return self._run(jobs, ledger)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _run(self, jobs: Sequence[Job], ledger: Ledger) -> list[RolloutTree]:
         start = time.perf_counter()
         turns_before = {name: cost.turns for name, cost in ledger.stages.items()}
         trees: list[RolloutTree] = []
@@ -259,8 +282,8 @@ class RolloutRunner:
                 requests, owners = self._requests(live, starts)
                 generations = self._generate(requests)
                 stepping: list[tuple[_Branch, Generation, int]] = []
-                for (branches, seed), samples in zip(owners, generations):
-                    for branch, generation in zip(branches, samples):
+                for (branches, seed), samples in zip(owners, generations, strict=True):
+                    for branch, generation in zip(branches, samples, strict=True):
                         stepping.append((branch, generation, seed))
                 results = iter(self._step_all([(b, g) for b, g, _ in stepping if not g.failed]))
                 finished = set()
@@ -286,8 +309,10 @@ class RolloutRunner:
         ledger: Ledger,
         bar: Any,
     ) -> list[list[_Branch]]:
-        """Start waiting branches while there is room; branches started together from
-        one anchor form a group that shares one request."""
+        """Start waiting branches while there is room.
+
+        Branches started together from one anchor form a group that shares one request.
+        """
         groups: list[list[_Branch]] = []
         while pending and len(live) < self.max_live:
             job, anchor, remaining = pending.popleft()
@@ -299,7 +324,8 @@ class RolloutRunner:
                     bar.update(remaining)
                     continue
             take = min(remaining, self.max_live - len(live))
-            assert anchor.tree is not None and anchor.snapshot is not None
+            assert anchor.tree is not None
+            assert anchor.snapshot is not None
             history = anchor.history()
             group = [
                 _Branch(anchor.tree, anchor, job.stage, history, anchor_snapshot=anchor.snapshot)
@@ -320,14 +346,12 @@ class RolloutRunner:
         root.stage = stage
         root.seed = seed
         try:
-            env.reset(seed=seed, options={"task": task})
-            base = env.unwrapped
-            assert isinstance(base, BranchableEnv)
-            root.messages = tuple(base.transcript)
-            root.snapshot = snapshot(env)
+            env.env.reset(seed=seed, options={"task": task})
+            root.messages = tuple(env.base.transcript)
+            root.snapshot = env.snapshot()
         except Exception as exc:  # an env that cannot start this task: a failed rollout
             root.failed, root.error = True, f"reset failed: {_describe(exc)}"
-            env.close()
+            env.env.close()
             cost = ledger.stage(stage)
             cost.rollouts += 1
             cost.failures += 1
@@ -384,7 +408,7 @@ class RolloutRunner:
                 "it must return one list per request."
             )
         out = []
-        for request, samples in zip(requests, generations):
+        for request, samples in zip(requests, generations, strict=True):
             if len(samples) != request.n:
                 error = f"policy returned {len(samples)} samples for a request with n={request.n}"
                 samples = [Generation.failure(error)] * request.n
@@ -393,7 +417,7 @@ class RolloutRunner:
 
     def _step_all(self, work: list[tuple[_Branch, Generation]]) -> list[_StepResult]:
         """Step each branch's env with its generation, in chunks on the thread pool."""
-        if self.step_workers == 1 or len(work) < 2:
+        if self.step_workers == 1 or not self._steps_block or len(work) < 2:
             return [self._step_one(b, g) for b, g in work]
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self.step_workers, thread_name_prefix="trace-gym-step")
@@ -408,37 +432,33 @@ class RolloutRunner:
     def _step_one(self, branch: _Branch, generation: Generation) -> _StepResult:
         """Restore (on a branch's first step) and step one env; failures become results."""
         if branch.env is None:
-            branch.env = self._acquire_threadsafe()
+            branch.env = self._acquire()
             try:
                 assert branch.anchor_snapshot is not None
-                restore(branch.env, branch.anchor_snapshot)
+                branch.env.restore(branch.anchor_snapshot)
             except Exception as exc:
-                branch.env.close()
+                branch.env.env.close()
                 branch.env = None
                 return _StepResult(error=f"restore failed: {_describe(exc)}")
             branch.anchor_snapshot = None
-        env = branch.env
-        base = env.unwrapped
-        assert isinstance(base, BranchableEnv)
+        slot = branch.env
         try:
-            before = base.transcript_length
-            _, reward, terminated, truncated, info = env.step(generation.text)
+            before = slot.base.transcript_length
+            _, reward, terminated, truncated, info = slot.env.step(generation.text)
             result = _StepResult(
-                base.messages_since(before + 1), float(reward), bool(terminated), bool(truncated), info
+                slot.base.messages_since(before + 1),
+                float(reward),
+                bool(terminated),
+                bool(truncated),
+                info,
             )
             if not (terminated or truncated):
-                result.snapshot = snapshot(env)
+                result.snapshot = slot.snapshot()
             return result
         except Exception as exc:  # a failing env or tool: this rollout fails, others go on
-            env.close()
+            slot.env.close()
             branch.env = None
             return _StepResult(error=f"env step failed: {_describe(exc)}")
-
-    def _acquire_threadsafe(self) -> gymnasium.Env[str, str]:
-        try:
-            return self._pool.pop()  # list.pop is atomic under the GIL
-        except IndexError:
-            return self._new_env()
 
     def _record(
         self,
@@ -449,36 +469,41 @@ class RolloutRunner:
         ledger: Ledger,
     ) -> Node:
         """Add the branch's new turn to its tree and count it."""
-        fields: dict[str, Any] = {
-            "action": generation.text,
-            "stage": branch.stage,
-            "finish_reason": generation.finish_reason,
-            "prompt_tokens": generation.prompt_tokens,
-            "completion_tokens": generation.completion_tokens,
-            "prompt_token_ids": generation.prompt_token_ids,
-            "completion_token_ids": generation.completion_token_ids,
-            "logprobs": generation.logprobs,
-            "seed": seed,
-        }
         if result is None:
-            fields.update(failed=True, error=f"generation failed: {generation.error}")
-        elif result.error is not None:
-            fields.update(failed=True, error=result.error)
-        else:
-            fields.update(
-                messages=tuple(result.messages),
-                reward=result.reward,
-                terminated=result.terminated,
-                truncated=result.truncated,
-                success=bool(result.info.get("success", False)),
-                tool_calls=int(result.info.get("tool_calls", 0)),
-                info=_jsonable(result.info),
-                snapshot=result.snapshot,
-            )
-        node = branch.tree.add_child(branch.node, **fields)
+            result = _StepResult(error=f"generation failed: {generation.error}")
+        info = result.info
+        node = Node(
+            0,
+            parent=branch.node,
+            depth=branch.node.depth + 1,
+            action=generation.text,
+            messages=tuple(result.messages),
+            reward=result.reward,
+            terminated=result.terminated,
+            truncated=result.truncated,
+            success=bool(info.get("success", False)),
+            failed=result.error is not None,
+            error=result.error,
+            stage=branch.stage,
+            finish_reason=generation.finish_reason,
+            prompt_tokens=generation.prompt_tokens,
+            completion_tokens=generation.completion_tokens,
+            prompt_token_ids=generation.prompt_token_ids,
+            completion_token_ids=generation.completion_token_ids,
+            logprobs=generation.logprobs,
+            tool_calls=int(info.get("tool_calls", 0)),
+            seed=seed,
+            info=_jsonable(info),
+            snapshot=result.snapshot,
+        )
+        branch.tree.attach(node)
         branch.node = node
         if not node.done:
-            branch.messages = [*branch.messages, {"role": "assistant", "content": node.action}, *node.messages]
+            branch.messages = [
+                *branch.messages,
+                {"role": "assistant", "content": node.action},
+                *node.messages,
+            ]
         cost = ledger.stage(branch.stage)
         cost.turns += 1
         cost.prompt_tokens += node.prompt_tokens

@@ -8,6 +8,7 @@ cannot afford).
 from __future__ import annotations
 
 _MASK = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15
 
 
 def splitmix64(x: int) -> int:
@@ -16,10 +17,19 @@ def splitmix64(x: int) -> int:
     >>> splitmix64(0)
     16294208416658607535
     """
-    z = (x + 0x9E3779B97F4A7C15) & _MASK
+    z = (x + _GAMMA) & _MASK
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
     return z ^ (z >> 31)
+
+
+def stream(seed: int, k: int) -> int:
+    """The k-th output of a SplitMix64 stream started at `seed` (k = 0, 1, ...): one hash.
+
+    >>> stream(7, 0) != stream(7, 1)
+    True
+    """
+    return splitmix64((seed + k * _GAMMA) & _MASK)
 
 
 def mix(*values: int) -> int:

@@ -28,7 +28,7 @@ _SERIALISED = (
 _TUPLES = ("prompt_token_ids", "completion_token_ids", "logprobs")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Node:
     """One turn in a rollout tree (the root holds the prompt).
 
@@ -135,6 +135,12 @@ class RolloutTree:
     def root(self) -> Node:
         """H_0, the task prompt."""
         return self.nodes[0]
+
+    def attach(self, node: Node) -> Node:
+        """Append `node` (its parent already set, in this tree) and give it the next id."""
+        if node.parent is not None and node.parent.tree is not self:
+            raise ConfigError("attach: the node's parent belongs to another tree.")
+        return self._add(node)
 
     def _add(self, node: Node) -> Node:
         node.id = len(self.nodes)

@@ -71,7 +71,12 @@ class Task:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable form (inverse of `from_dict`)."""
         prompt: Any = self.prompt if isinstance(self.prompt, str) else [dict(m) for m in self.prompt]
-        return {"id": self.id, "prompt": prompt, "answer": self.answer, "metadata": dict(self.metadata)}
+        return {
+            "id": self.id,
+            "prompt": prompt,
+            "answer": self.answer,
+            "metadata": dict(self.metadata),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Task:
@@ -82,7 +87,7 @@ class Task:
         return cls(data["id"], prompt, data.get("answer"), dict(data.get("metadata", {})))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """Ask a policy for `n` samples continuing one conversation.
 
@@ -120,7 +125,7 @@ class GenerationRequest:
 FinishReason = Literal["stop", "length", "error"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Generation:
     """One sampled assistant turn.
 

@@ -14,11 +14,29 @@ from scipy.special import betaincinv
 
 from trace_gym.env import BranchableEnv, Outcome
 from trace_gym.errors import ConfigError
-from trace_gym.seeding import mix, splitmix64, unit
+from trace_gym.seeding import mix, stream
 from trace_gym.types import Message, Task, message
 
-POSITIVE_WORDS = ("progress", "verified", "consistent", "promising", "clean", "solid", "on-track", "clear")
-NEGATIVE_WORDS = ("stuck", "contradiction", "error", "dubious", "messy", "shaky", "off-track", "unclear")
+POSITIVE_WORDS = (
+    "progress",
+    "verified",
+    "consistent",
+    "promising",
+    "clean",
+    "solid",
+    "on-track",
+    "clear",
+)
+NEGATIVE_WORDS = (
+    "stuck",
+    "contradiction",
+    "error",
+    "dubious",
+    "messy",
+    "shaky",
+    "off-track",
+    "unclear",
+)
 SYSTEM_PROMPT = (
     "You solve a multi-step task. Each turn, call the tool `advance` exactly once: "
     '<tool_call>{"name": "advance", "arguments": {"draw": <number in [0, 1]>}}</tool_call>. '
@@ -61,7 +79,7 @@ class SyntheticConfig:
     beta: float = 0.19
     """See alpha."""
     kappa: float = 2.0
-    """Concentration of the martingale step V_{t+1} ~ Beta(kappa V_t, kappa (1 - V_t)); smaller moves faster."""
+    """Concentration of the step V_{t+1} ~ Beta(kappa V_t, kappa (1 - V_t)); smaller moves faster."""
     min_steps: int = 3
     """Fewest `advance` calls an episode needs."""
     max_steps: int = 6
@@ -81,9 +99,7 @@ class SyntheticConfig:
         if self.kappa <= 0:
             raise ConfigError(f"kappa must be > 0, got {self.kappa}.")
         if not 1 <= self.min_steps <= self.max_steps:
-            raise ConfigError(
-                f"Need 1 <= min_steps <= max_steps, got {self.min_steps} and {self.max_steps}."
-            )
+            raise ConfigError(f"Need 1 <= min_steps <= max_steps, got {self.min_steps} and {self.max_steps}.")
         if self.extra_turns < 0 or self.hint_words < 0 or self.signal_words < 0:
             raise ConfigError("extra_turns, hint_words and signal_words must be >= 0.")
 
@@ -97,12 +113,20 @@ class SyntheticConfig:
 
 
 def _evidence(value: float, count: int, key: int) -> list[str]:
-    """`count` words, each positive with probability `value`, drawn from hash stream `key`."""
+    """`count` words, each positive with probability `value`, drawn from hash stream `key`.
+
+    One 64-bit hash serves three words: each takes 20 bits, a 17-bit uniform that picks
+    the positive or negative vocabulary and 3 bits that pick the word in it.
+    """
     words = []
+    h = 0
+    threshold = value * (1 << 17)
     for j in range(count):
-        h = splitmix64(key + j)
-        vocab = POSITIVE_WORDS if unit(h) < value else NEGATIVE_WORDS
-        words.append(vocab[(h & 0xFFFF) % len(vocab)])
+        if j % 3 == 0:
+            h = stream(key, j)
+        chunk, h = h & 0xFFFFF, h >> 20
+        vocab = POSITIVE_WORDS if (chunk >> 3) < threshold else NEGATIVE_WORDS
+        words.append(vocab[chunk & 7])
     return words
 
 
@@ -187,6 +211,7 @@ class SyntheticTreeEnv(BranchableEnv):
 
     tools = (ADVANCE_TOOL,)
     stop_sequences = ("</tool_call>",)
+    steps_block = False
 
     def __init__(self, render_mode: str | None = None, **kwargs: Any) -> None:
         self.config = SyntheticConfig(**kwargs)
@@ -216,7 +241,10 @@ class SyntheticTreeEnv(BranchableEnv):
         draw = _parse_draw(action)
         if isinstance(draw, str):
             feedback = f"Error: {draw}. Call the tool as {ADVANCE_EXAMPLE}."
-            return Outcome([message("user", feedback)], info={"value": self._value, "tool_calls": 0, "error": draw})
+            return Outcome(
+                [message("user", feedback)],
+                info={"value": self._value, "tool_calls": 0, "error": draw},
+            )
         assert self._task is not None
         length = int(self._task.metadata["steps"])
         self._steps += 1
@@ -225,12 +253,12 @@ class SyntheticTreeEnv(BranchableEnv):
             self._value = 1.0 if success else 0.0
             text = f"Step {self._steps}/{length}: goal {'reached' if success else 'missed'}."
             info = {"value": self._value, "tool_calls": 1}
-            return Outcome([message("tool", text)], float(success), terminated=True, info=info)
+            return Outcome([{"role": "tool", "content": text}], float(success), terminated=True, info=info)
         self._value = _advance(self._value, self.config.kappa, draw)
         key = int(draw * (1 << 53)) ^ (self._steps << 56)
         signals = " ".join(_evidence(self._value, self.config.signal_words, key))
         text = f"Step {self._steps}/{length} done. Signals: {signals}."
-        return Outcome([message("tool", text)], info={"value": self._value, "tool_calls": 1})
+        return Outcome([{"role": "tool", "content": text}], info={"value": self._value, "tool_calls": 1})
 
     def _get_state(self) -> tuple[float, int]:
         return (self._value, self._steps)

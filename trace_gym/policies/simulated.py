@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trace_gym.envs.synthetic import advance_call
-from trace_gym.seeding import mix
+from trace_gym.seeding import stream
 from trace_gym.types import Generation, GenerationRequest
 
 
@@ -17,7 +17,7 @@ def approx_tokens(text: str) -> int:
 class SimulatedPolicy:
     """Emits one `advance` call per turn with a uniform draw derived from the request seed.
 
-    Sample j of a request with seed s draws u = (mix(s, j) mod 10^9) / 10^9, so the
+    Sample j of a request with seed s draws u = (stream(s, j) mod 10^9) / 10^9, so the
     same seed gives the same samples whatever the batch looks like, and siblings of
     one request differ. Token counts are estimates (`approx_tokens`); there are no
     token ids or logprobs. A request without a seed raises: determinism is the point.
@@ -28,15 +28,11 @@ class SimulatedPolicy:
         out = []
         for request in requests:
             if request.seed is None:
-                raise ValueError(
-                    "SimulatedPolicy needs GenerationRequest.seed; the RolloutRunner sets it."
-                )
-            prompt_tokens = sum(approx_tokens(m["content"]) for m in request.messages)
+                raise ValueError("SimulatedPolicy needs GenerationRequest.seed; the RolloutRunner sets it.")
+            prompt_tokens = sum([len(m["content"]) for m in request.messages]) // 4 + len(request.messages)
             samples = []
             for j in range(request.n):
-                text = advance_call(mix(request.seed, j) % 10**9)
-                samples.append(
-                    Generation(text, "stop", prompt_tokens, completion_tokens=approx_tokens(text))
-                )
+                text = advance_call(stream(request.seed, j) % 10**9)
+                samples.append(Generation(text, "stop", prompt_tokens, completion_tokens=approx_tokens(text)))
             out.append(samples)
         return out
