@@ -23,7 +23,7 @@ import numpy as np
 
 import trace_gym
 from trace_gym import Job, RolloutRunner, SimulatedPolicy
-from trace_gym.envs.synthetic import advance_call
+from trace_gym.envs.synthetic import SyntheticTreeEnv, advance_call
 
 ENV_ID = "trace_gym/SyntheticTree-v0"
 
@@ -63,12 +63,12 @@ def snapshot_restore_us(wrapped: bool) -> tuple[float, float]:
 
 def snapshot_memory_mb(count: int) -> float:
     """Memory (MB, tracemalloc) retained by `count` snapshots of distinct states, one per turn."""
-    env = gymnasium.make(ENV_ID).unwrapped
+    env = SyntheticTreeEnv()
     rng = np.random.default_rng(0)
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    snaps = []
+    snaps: list[trace_gym.Snapshot] = []
     episode = 0
     while len(snaps) < count:
         env.reset(seed=episode, options={"index": episode % len(env.tasks)})
@@ -105,7 +105,12 @@ def main() -> None:
         ("turns/s end to end (best run)", f"{best:,.0f}", ">= 20,000", best / 20_000),
         ("turns/s end to end (first run)", f"{first:,.0f}", ">= 20,000", first / 20_000),
         ("snapshot + restore, bare env (µs)", f"{bare[0]:.2f} + {bare[1]:.2f}", "< 20", 20 / sum(bare)),
-        ("snapshot + restore, via make (µs)", f"{wrapped[0]:.2f} + {wrapped[1]:.2f}", "< 20", 20 / sum(wrapped)),
+        (
+            "snapshot + restore, via make (µs)",
+            f"{wrapped[0]:.2f} + {wrapped[1]:.2f}",
+            "< 20",
+            20 / sum(wrapped),
+        ),
         (f"memory of {args.snapshots:,} snapshots (MB)", f"{memory:.2f}", "< 20", 20 / memory),
     ]
     print(f"{'measure':<38} {'value':>16} {'target':>10} {'margin x':>9}")

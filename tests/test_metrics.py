@@ -1,0 +1,44 @@
+import math
+
+from trace_gym import Ledger, RolloutTree, Task
+from trace_gym.metrics import (
+    contrast_pairs_per_anchor,
+    effective_per_rollouts,
+    effective_per_tokens,
+    effective_ratio,
+)
+
+
+def _tree(task_id, outcomes, tokens=10):
+    tree = RolloutTree(Task(task_id, "p"))
+    for ok in outcomes:
+        tree.add_child(
+            tree.root, action="a", terminated=True, success=ok, reward=float(ok), completion_tokens=tokens
+        )
+    return tree
+
+
+def test_effective_ratio_counts_mixed_trees():
+    trees = [_tree("a", [True, False]), _tree("b", [True, True]), _tree("c", [False, False, True])]
+    assert effective_ratio(trees) == 2 / 3
+    assert math.isnan(effective_ratio([]))
+
+
+def test_per_rollout_and_per_token_rates_use_the_ledger():
+    trees = [_tree("a", [True, False]), _tree("b", [True, True])]
+    ledger = Ledger.from_trees(trees)
+    assert effective_per_rollouts(trees, ledger) == 1 * 1000 / 4
+    assert effective_per_tokens(trees, ledger) == 1 * 100_000 / 40
+
+
+def test_skipping_prompts_cannot_inflate_the_per_rollout_rate():
+    """Spending rollouts on prompts and dropping their trees still counts the rollouts."""
+    kept, dropped = _tree("a", [True, False]), _tree("b", [True, True])
+    ledger = Ledger.from_trees([kept, dropped])
+    assert effective_per_rollouts([kept], ledger) == effective_per_rollouts([kept, dropped], ledger)
+
+
+def test_contrast_pairs_per_anchor():
+    tree = _tree("a", [True, False, False])  # root only anchor: 1 * 2 pairs
+    assert contrast_pairs_per_anchor([tree]) == 2
+    assert math.isnan(contrast_pairs_per_anchor([]))
