@@ -105,7 +105,11 @@ _SCALARS = frozenset({bool, int, float, str})
 
 
 def _jsonable(info: Mapping[str, Any]) -> dict[str, Any]:
-    """Keep the JSON-serialisable part of an info dict (NumPy scalars become Python ones)."""
+    """Keep the JSON-serialisable part of an info dict, as JSON would read it back.
+
+    NumPy scalars become Python ones and tuples become lists, so a tree's `to_dict()`
+    is the same before and after a JSON round trip; values JSON cannot hold are dropped.
+    """
     out = {}
     for key, value in info.items():
         if value is None or type(value) in _SCALARS:
@@ -114,10 +118,9 @@ def _jsonable(info: Mapping[str, Any]) -> dict[str, Any]:
         if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
             value = value.item()
         try:
-            json.dumps(value)
+            out[str(key)] = json.loads(json.dumps(value))
         except (TypeError, ValueError):
             continue
-        out[str(key)] = value
     return out
 
 
@@ -267,18 +270,18 @@ class RolloutRunner:
     def _run(self, jobs: Sequence[Job], ledger: Ledger) -> list[RolloutTree]:
         start = time.perf_counter()
         turns_before = {name: cost.turns for name, cost in ledger.stages.items()}
-        trees: list[RolloutTree] = []
-        pending: deque[tuple[Job, Node | None, int]] = deque()
-        for job in jobs:
-            node = job.anchor if isinstance(job.anchor, Node) else None
-            pending.append((job, node, job.continuations))
-            if node is not None and node.tree is not None and node.tree not in trees:
-                trees.append(node.tree)
+        trees: list[RolloutTree | None] = [
+            job.anchor.tree if isinstance(job.anchor, Node) else None for job in jobs
+        ]
+        pending: deque[tuple[int, Node | None, int]] = deque(
+            (i, job.anchor if isinstance(job.anchor, Node) else None, job.continuations)
+            for i, job in enumerate(jobs)
+        )
         total = sum(job.continuations for job in jobs)
         live: list[_Branch] = []
         with tqdm(total=total, unit="rollout", disable=self._progress_disabled(), leave=False) as bar:
             while pending or live:
-                starts = self._fill(pending, live, trees, ledger, bar)
+                starts = self._fill(jobs, pending, live, trees, ledger, bar)
                 requests, owners = self._requests(live, starts)
                 generations = self._generate(requests)
                 stepping: list[tuple[_Branch, Generation, int]] = []
@@ -296,16 +299,18 @@ class RolloutRunner:
                         bar.update(1)
                 live = [b for b in live if id(b) not in finished]
         self._charge_time(ledger, turns_before, time.perf_counter() - start)
-        return trees
+        unique = {id(tree): tree for tree in trees if tree is not None}  # job order, once each
+        return list(unique.values())
 
     def _progress_disabled(self) -> bool | None:
         return None if self.progress is None else not self.progress
 
     def _fill(
         self,
-        pending: deque[tuple[Job, Node | None, int]],
+        jobs: Sequence[Job],
+        pending: deque[tuple[int, Node | None, int]],
         live: list[_Branch],
-        trees: list[RolloutTree],
+        trees: list[RolloutTree | None],
         ledger: Ledger,
         bar: Any,
     ) -> list[list[_Branch]]:
@@ -315,11 +320,12 @@ class RolloutRunner:
         """
         groups: list[list[_Branch]] = []
         while pending and len(live) < self.max_live:
-            job, anchor, remaining = pending.popleft()
+            index, anchor, remaining = pending.popleft()
+            job = jobs[index]
             if anchor is None:
                 assert isinstance(job.anchor, Task)
                 anchor = self._start_tree(job.anchor, job.stage, ledger)
-                trees.append(anchor.tree)  # type: ignore[arg-type]
+                trees[index] = anchor.tree
                 if anchor.failed:
                     bar.update(remaining)
                     continue
@@ -334,24 +340,26 @@ class RolloutRunner:
             live.extend(group)
             groups.append(group)
             if remaining > take:
-                pending.appendleft((job, anchor, remaining - take))
+                pending.appendleft((index, anchor, remaining - take))
         return groups
 
     def _start_tree(self, task: Task, stage: str, ledger: Ledger) -> Node:
         """Reset an env on `task` and make the tree's root (with the env's snapshot)."""
         tree = RolloutTree(task)
-        env = self._acquire()
         seed = self._next_seed()
         root = tree.root
         root.stage = stage
         root.seed = seed
+        env: Brancher | None = None
         try:
+            env = self._acquire()
             env.env.reset(seed=seed, options={"task": task})
             root.messages = tuple(env.base.transcript)
             root.snapshot = env.snapshot()
         except Exception as exc:  # an env that cannot start this task: a failed rollout
             root.failed, root.error = True, f"reset failed: {_describe(exc)}"
-            env.env.close()
+            if env is not None:
+                env.env.close()
             cost = ledger.stage(stage)
             cost.rollouts += 1
             cost.failures += 1
@@ -432,12 +440,13 @@ class RolloutRunner:
     def _step_one(self, branch: _Branch, generation: Generation) -> _StepResult:
         """Restore (on a branch's first step) and step one env; failures become results."""
         if branch.env is None:
-            branch.env = self._acquire()
             try:
+                branch.env = self._acquire()
                 assert branch.anchor_snapshot is not None
                 branch.env.restore(branch.anchor_snapshot)
-            except Exception as exc:
-                branch.env.env.close()
+            except Exception as exc:  # no env could be made, or the restore failed
+                if branch.env is not None:
+                    branch.env.env.close()
                 branch.env = None
                 return _StepResult(error=f"restore failed: {_describe(exc)}")
             branch.anchor_snapshot = None
@@ -470,7 +479,7 @@ class RolloutRunner:
     ) -> Node:
         """Add the branch's new turn to its tree and count it."""
         if result is None:
-            result = _StepResult(error=f"generation failed: {generation.error}")
+            result = _StepResult(error=f"generation failed: {generation.error or 'no reason given'}")
         info = result.info
         node = Node(
             0,

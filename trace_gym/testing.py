@@ -317,7 +317,8 @@ def _first_difference(a: str, b: str) -> int:
 def _contrast(expected: object, got: object) -> str:
     """'expected X, got Y', both reprs clipped to a window around where they first differ."""
     a, b = repr(expected), repr(got)
-    start = max(0, _first_difference(a, b) - 20)
+    first = _first_difference(a, b)
+    start = 0 if first < _CLIP - 20 else first - 20
 
     def excerpt(text: str) -> str:
         body = text[start : start + _CLIP]
@@ -398,7 +399,7 @@ def gymnasium_check(env: gymnasium.Env[Any, Any]) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more: {problems[1:]})" if len(problems) > 1 else ""
         raise ContractViolation(
-            "gymnasium.check_env", f"check_env warned: {problems[0]}{more}. Fix what it says."
+            "gymnasium.check_env", f"check_env warned: {problems[0].rstrip('.')}{more}. Fix what it says."
         )
 
 

@@ -55,7 +55,11 @@ class Task:
         if not isinstance(self.prompt, str):
             prompt = tuple(self.prompt)
             for m in prompt:
-                if not isinstance(m, Mapping) or m.get("role") not in ROLES:
+                if (
+                    not isinstance(m, Mapping)
+                    or m.get("role") not in ROLES
+                    or not isinstance(m.get("content"), str)
+                ):
                     raise ConfigError(
                         f"Task {self.id!r}: prompt messages must be dicts with a role in "
                         f"{sorted(ROLES)} and a content str, got {m!r}."
@@ -112,8 +116,8 @@ class GenerationRequest:
     tools: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ConfigError(f"GenerationRequest.n must be >= 1, got {self.n}.")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ConfigError(f"GenerationRequest.n must be an int >= 1, got {self.n!r}.")
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}.")
         if not 0 < self.top_p <= 1:
