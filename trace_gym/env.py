@@ -132,7 +132,7 @@ class BranchableEnv(gymnasium.Env[str, str]):
         tasks: The env's task source.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}  # type: ignore[misc]
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}  # type: ignore[misc]
     tools: tuple[Mapping[str, Any], ...] = ()
     stop_sequences: tuple[str, ...] = DEFAULT_STOP_SEQUENCES
     steps_block: bool = True
@@ -187,8 +187,12 @@ class BranchableEnv(gymnasium.Env[str, str]):
         """Raise `ConfigError` when `task` cannot be posed by this env (override to check)."""
 
     def example_action(self, rng: np.random.Generator) -> str:
-        """A well-formed action for the current state (used by tests and smoke runs)."""
-        return self.action_space.sample()
+        """A well-formed action for the current state (used by tests and smoke runs).
+
+        Override it: the contract kit plays these to reach deep states. The default is a
+        short random printable text, which most envs will treat as malformed.
+        """
+        return "".join(rng.choice(list(string.printable), size=int(rng.integers(1, 65))))
 
     # ----- the Gymnasium API ----------------------------------------------------------
     @property
@@ -485,7 +489,7 @@ class Brancher:
     def restore(self, snap: Snapshot) -> None:
         """Restore `snap` into the env and its wrappers."""
         saved = tuple(name for name, _ in snap.wrappers)
-        if snap.wrappers and saved != self._names:
+        if snap.wrappers and self._wrappers and saved != self._names:
             raise SnapshotError(
                 f"The snapshot was taken through wrappers {list(saved)} but the env has "
                 f"{list(self._names)}; restore into an env made the same way (same "

@@ -34,6 +34,22 @@ from gymnasium.utils.env_checker import check_env
 from trace_gym.env import BranchableEnv, Snapshot, restore, snapshot
 from trace_gym.errors import ConfigError, ContractViolation
 
+__all__ = [
+    "DIVERGENT_ACTIONS",
+    "MALFORMED_ACTIONS",
+    "REPEATED_RESTORES",
+    "SAMPLE_MAX_LENGTH",
+    "ContractReport",
+    "StepRecord",
+    "Transcript",
+    "branchable",
+    "check_branchable_env",
+    "gymnasium_check",
+    "record_step",
+    "run_actions",
+    "transcript_of",
+]
+
 MALFORMED_ACTIONS: tuple[str, ...] = (
     "",
     " \n\t  \r\n",
