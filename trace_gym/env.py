@@ -288,20 +288,16 @@ class BranchableEnv(gymnasium.Env[str, str]):
 
     def snapshot(self) -> Snapshot:
         """The env's state now, as an immutable value (DESIGN section 4)."""
+        return Snapshot(self.env_id, self._capture())
+
+    def _capture(self) -> tuple[Any, ...]:
+        """The state tuple a snapshot holds (the base's fields, then the subclass's)."""
         if self._task is None:
             raise SnapshotError("Cannot snapshot an env before reset(): there is no state yet.")
         if self._rng_used or self._rng_cache is None:
             self._rng_cache = _rng_state(self.np_random)
             self._rng_used = False
-        state = (
-            self._task,
-            self._transcript,
-            self._turn,
-            self._done,
-            self._rng_cache,
-            self._get_state(),
-        )
-        return Snapshot(self.env_id, state)
+        return (self._task, self._transcript, self._turn, self._done, self._rng_cache, self._get_state())
 
     def restore(self, snapshot: Snapshot) -> None:
         """Return the env to the moment `snapshot` was taken; the snapshot is unchanged."""
@@ -477,14 +473,12 @@ class Brancher:
         chain, self.base = _wrapper_chain(env)
         self._wrappers = [(w, _WRAPPER_HANDLERS[type(w)]) for w in chain]
         self._names = tuple(type(w).__name__ for w in chain)
+        self._getters = tuple((type(w).__name__, h.get, w) for w, h in self._wrappers)
 
     def snapshot(self) -> Snapshot:
         """Snapshot the env and its wrappers."""
-        base = self.base.snapshot()
-        if not self._wrappers:
-            return base
-        states = tuple((name, h.get(w)) for name, (w, h) in zip(self._names, self._wrappers, strict=True))
-        return Snapshot(base.env_id, base.state, states)
+        states = tuple([(name, get(wrapper)) for name, get, wrapper in self._getters])
+        return Snapshot(self.base.env_id, self.base._capture(), states)
 
     def restore(self, snap: Snapshot) -> None:
         """Restore `snap` into the env and its wrappers."""

@@ -83,7 +83,7 @@ class _Branch:
     tree: RolloutTree
     node: Node  # the last turn (or the anchor)
     stage: str
-    messages: list[Message]
+    messages: tuple[Message, ...]  # the conversation so far, as the next request sends it
     env: Brancher | None = None
     anchor_snapshot: Snapshot | None = None  # to restore before the first step
 
@@ -332,7 +332,7 @@ class RolloutRunner:
             take = min(remaining, self.max_live - len(live))
             assert anchor.tree is not None
             assert anchor.snapshot is not None
-            history = anchor.history()
+            history = tuple(anchor.history())
             group = [
                 _Branch(anchor.tree, anchor, job.stage, history, anchor_snapshot=anchor.snapshot)
                 for _ in range(take)
@@ -378,7 +378,7 @@ class RolloutRunner:
             seed = self._next_seed()
             requests.append(
                 GenerationRequest(
-                    messages=tuple(group[0].messages),
+                    messages=group[0].messages,
                     n=len(group),
                     temperature=self.sampling.temperature,
                     top_p=self.sampling.top_p,
@@ -508,11 +508,11 @@ class RolloutRunner:
         branch.tree.attach(node)
         branch.node = node
         if not node.done:
-            branch.messages = [
+            branch.messages = (
                 *branch.messages,
                 {"role": "assistant", "content": node.action},
                 *node.messages,
-            ]
+            )
         cost = ledger.stage(branch.stage)
         cost.turns += 1
         cost.prompt_tokens += node.prompt_tokens

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 from trace_gym.envs.synthetic import advance_call
 from trace_gym.seeding import stream
 from trace_gym.types import Generation, GenerationRequest
+
+_content = operator.itemgetter("content")
 
 
 def approx_tokens(text: str) -> int:
@@ -29,7 +32,8 @@ class SimulatedPolicy:
         for request in requests:
             if request.seed is None:
                 raise ValueError("SimulatedPolicy needs GenerationRequest.seed; the RolloutRunner sets it.")
-            prompt_tokens = sum([len(m["content"]) for m in request.messages]) // 4 + len(request.messages)
+            chars = sum(map(len, map(_content, request.messages)))
+            prompt_tokens = chars // 4 + len(request.messages)
             samples = []
             for j in range(request.n):
                 text = advance_call(stream(request.seed, j) % 10**9)
