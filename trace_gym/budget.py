@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from trace_gym.errors import BudgetError
-from trace_gym.tree import RolloutTree
+from trace_gym.tree import Node, RolloutTree
 
 
 @dataclass(frozen=True)
@@ -146,18 +146,26 @@ class Ledger:
         ledger = cls()
         for tree in trees:
             for node in tree.nodes:
-                if node.parent is None and not node.done:
-                    continue  # the root is the prompt, not a turn (done only if its reset failed)
-                cost = ledger.stage(node.stage)
-                if node.parent is not None:
-                    cost.turns += 1
-                    cost.prompt_tokens += node.prompt_tokens
-                    cost.generated_tokens += node.completion_tokens
-                    cost.tool_calls += node.tool_calls
-                if node.done:
-                    cost.rollouts += 1
-                    cost.failures += node.failed
+                ledger.count(node)
         return ledger
+
+    def count(self, node: Node) -> None:
+        """Add one node's cost under its stage.
+
+        A node is a turn (except the root, which is the prompt) and, where a trajectory
+        ends, a rollout (a root ends one only when its reset failed).
+        """
+        if node.parent is None and not node.done:
+            return
+        cost = self.stage(node.stage)
+        if node.parent is not None:
+            cost.turns += 1
+            cost.prompt_tokens += node.prompt_tokens
+            cost.generated_tokens += node.completion_tokens
+            cost.tool_calls += node.tool_calls
+        if node.done:
+            cost.rollouts += 1
+            cost.failures += node.failed
 
     def __repr__(self) -> str:
         return f"Ledger({self.to_dict()})"

@@ -360,9 +360,7 @@ class RolloutRunner:
             root.failed, root.error = True, f"reset failed: {_describe(exc)}"
             if env is not None:
                 env.env.close()
-            cost = ledger.stage(stage)
-            cost.rollouts += 1
-            cost.failures += 1
+            ledger.count(root)
             return root
         self._pool.append(env)
         return root
@@ -513,14 +511,7 @@ class RolloutRunner:
                 {"role": "assistant", "content": node.action},
                 *node.messages,
             )
-        cost = ledger.stage(branch.stage)
-        cost.turns += 1
-        cost.prompt_tokens += node.prompt_tokens
-        cost.generated_tokens += node.completion_tokens
-        cost.tool_calls += node.tool_calls
-        if node.done:
-            cost.rollouts += 1
-            cost.failures += node.failed
+        ledger.count(node)
         return node
 
     @staticmethod
