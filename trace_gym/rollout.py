@@ -353,7 +353,8 @@ class RolloutRunner:
         env: Brancher | None = None
         try:
             env = self._acquire()
-            env.env.reset(seed=seed, options={"task": task})
+            _, info = env.env.reset(seed=seed, options={"task": task})
+            root.info = _jsonable(info)
             root.messages = tuple(env.base.transcript)
             root.snapshot = env.snapshot()
         except Exception as exc:  # an env that cannot start this task: a failed rollout
