@@ -13,20 +13,44 @@ from typing import Any
 import gymnasium
 
 from trace_gym.budget import Budget
-from trace_gym.compare import CompareConfig, format_table, run_comparison
+from trace_gym.compare import (
+    SAMPLER_NAMES,
+    CompareConfig,
+    build_sampler,
+    format_table,
+    run_comparison,
+    write_plot,
+    write_summary,
+)
 from trace_gym.env import BranchableEnv
-from trace_gym.errors import TraceGymError
+from trace_gym.errors import ConfigError, MissingDependencyError, TraceGymError
 from trace_gym.policies.base import Policy
 from trace_gym.policies.simulated import SimulatedPolicy
+from trace_gym.predictors import OraclePredictor
 from trace_gym.registration import registered_env_ids
-from trace_gym.samplers.base import Sampler
-from trace_gym.samplers.uniform import UniformSampler
 
-SAMPLERS: dict[str, Callable[[argparse.Namespace], Sampler]] = {
-    "uniform": lambda args: UniformSampler(args.group_size),
-}
 POLICIES: dict[str, Callable[[argparse.Namespace], Policy]] = {
     "simulated": lambda args: SimulatedPolicy(),
+}
+COMPARE_DEFAULTS: dict[str, Any] = {
+    "env": "trace_gym/SyntheticTree-v0",
+    "env_kwargs": {},
+    "policy": "simulated",
+    "samplers": list(SAMPLER_NAMES),
+    "steps": 10,
+    "seeds": [0, 1],
+    "warmup": 3,
+    "roots": 256,
+    "continuations": 1,
+    "max_per_prompt": 8,
+    "candidates": 512,
+    "min_group": 2,
+    "group_size": 8,
+    "scope": "per_prompt",
+    "output": None,
+    "plot": None,
+    "trees": None,
+    "quiet": False,
 }
 
 
@@ -42,15 +66,23 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def _names(choices: Sequence[str]) -> Callable[[str], list[str]]:
-    def parse(text: str) -> list[str]:
-        names = [n.strip() for n in text.split(",") if n.strip()]
-        unknown = [n for n in names if n not in choices]
-        if unknown or not names:
-            raise argparse.ArgumentTypeError(f"unknown {unknown or text!r}; choose from {', '.join(choices)}")
-        return names
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SAMPLER_NAMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown {unknown or text!r}; choose from {', '.join(SAMPLER_NAMES)}"
+        )
+    return names
 
-    return parse
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers like 0,1,2, got {text!r}"
+        ) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,24 +93,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    compare = sub.add_parser("compare", help="compare samplers at equal rollout budget")
-    compare.add_argument("--env", default="trace_gym/SyntheticTree-v0", help="gymnasium env id")
-    compare.add_argument("--env-kwargs", type=_json_object, default={}, help="JSON object of env kwargs")
-    compare.add_argument("--policy", choices=sorted(POLICIES), default="simulated", help="generation backend")
+    compare = sub.add_parser(
+        "compare",
+        help="compare samplers at equal rollout budget",
+        description="Run every sampler on the same candidate pools at the same budget and "
+        "print a table; flags override the values of --config.",
+    )
+    compare.add_argument("--config", type=Path, default=None, help="YAML file with any of the options below")
+    compare.add_argument("--env", help="gymnasium env id (default %(default)s)")
+    compare.add_argument("--env-kwargs", type=_json_object, help="JSON object of env kwargs")
+    compare.add_argument("--policy", choices=sorted(POLICIES), help="generation backend")
     compare.add_argument(
-        "--samplers", type=_names(sorted(SAMPLERS)), default=sorted(SAMPLERS),
-        help=f"comma-separated samplers (default: all of {', '.join(sorted(SAMPLERS))})",
-    )  # fmt: skip
-    compare.add_argument("--steps", type=int, default=10, help="sampling steps per sampler")
-    compare.add_argument("--roots", type=int, default=256, help="M: root rollouts per step")
-    compare.add_argument("--continuations", type=int, default=1, help="N: continuations per root rollout")
-    compare.add_argument("--max-per-prompt", type=int, default=8, help="Mmax: most root rollouts per prompt")
-    compare.add_argument("--candidates", type=int, default=256, help="candidate prompts per step")
-    compare.add_argument("--min-group", type=int, default=2, help="fewest root rollouts of an active prompt")
-    compare.add_argument("--group-size", type=int, default=8, help="G of the uniform sampler")
-    compare.add_argument("--seed", type=int, default=0)
-    compare.add_argument("--out", type=Path, default=None, help="folder for summary.json and trees-*.jsonl")
-    compare.add_argument("--quiet", action="store_true", help="no progress bar")
+        "--samplers", type=_names, help=f"comma-separated, from {','.join(SAMPLER_NAMES)} (default: all)"
+    )
+    compare.add_argument("--steps", type=int, help="sampling steps per sampler and seed (default 10)")
+    compare.add_argument("--seeds", type=_seeds, help="comma-separated seeds, one run each (default 0,1)")
+    compare.add_argument("--warmup", type=int, help="first steps left out of the summary (default 3)")
+    compare.add_argument("--roots", type=int, help="M: root rollouts per step (default 256)")
+    compare.add_argument("--continuations", type=int, help="N: continuations per root rollout (default 1)")
+    compare.add_argument("--max-per-prompt", type=int, help="Mmax: most root rollouts per prompt (default 8)")
+    compare.add_argument("--candidates", type=int, help="candidate prompts per step (default 512)")
+    compare.add_argument("--min-group", type=int, help="fewest root rollouts of an active prompt (default 2)")
+    compare.add_argument("--group-size", type=int, help="G of uniform, PCL and TreePO (default 8)")
+    compare.add_argument("--scope", choices=["per_prompt", "global"], help="TRACE's Stage 2 budget scope")
+    compare.add_argument("--output", type=Path, help="write the summary as JSON to this path")
+    compare.add_argument("--plot", type=Path, help="PNG path (default: --output with .png, else compare.png)")
+    compare.add_argument("--trees", type=Path, help="folder for each sampler's trees as JSON lines")
+    compare.add_argument("--quiet", action="store_true", default=None, help="no progress bar")
 
     sub.add_parser("envs", help="list the registered trace_gym envs")
 
@@ -89,25 +130,90 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _compare(args: argparse.Namespace) -> int:
+def compare_options(args: argparse.Namespace) -> argparse.Namespace:
+    """Defaults, then the YAML file of --config, then the flags given."""
+    options = dict(COMPARE_DEFAULTS)
+    if args.config is not None:
+        options.update(_read_config(args.config))
+    options.update({k: v for k, v in vars(args).items() if k in COMPARE_DEFAULTS and v is not None})
+    for key in ("output", "plot", "trees"):
+        if options[key] is not None:
+            options[key] = Path(options[key])
+    return argparse.Namespace(**options)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        import yaml
+    except ImportError:
+        raise MissingDependencyError("pyyaml", "compare", "Reading --config files") from None
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ConfigError(f"Cannot read --config {path}: {exc.strerror}.") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path} must hold a mapping of options, got {type(data).__name__}.")
+    data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    unknown = sorted(set(data) - set(COMPARE_DEFAULTS))
+    if unknown:
+        raise ConfigError(
+            f"--config {path} has unknown options {unknown}; valid ones are {sorted(COMPARE_DEFAULTS)}."
+        )
+    if isinstance(data.get("samplers"), str):
+        data["samplers"] = _names(data["samplers"])
+    if isinstance(data.get("seeds"), (int, str)):
+        data["seeds"] = _seeds(str(data["seeds"]))
+    return data
+
+
+def _oracle_available(env_id: str, env_kwargs: dict[str, Any]) -> bool:
+    env = gymnasium.make(env_id, **env_kwargs)
+    try:
+        base = env.unwrapped
+        if not isinstance(base, BranchableEnv):
+            return False
+        OraclePredictor().predict(base.tasks[:1])
+        return True
+    except ConfigError:
+        return False
+    finally:
+        env.close()
+
+
+def _compare(raw: argparse.Namespace) -> int:
+    args = compare_options(raw)
     budget = Budget(args.roots, args.continuations, args.max_per_prompt, args.candidates, args.min_group)
-    config = CompareConfig(args.env, args.env_kwargs, args.steps, budget, args.seed)
-    samplers = [SAMPLERS[name](args) for name in args.samplers]
+    config = CompareConfig(args.env, args.env_kwargs, args.steps, tuple(args.seeds), args.warmup, budget)
+    names = list(args.samplers)
+    if "trace_oracle" in names and not _oracle_available(args.env, args.env_kwargs):
+        if raw.samplers is not None or "samplers" in (_read_config(args.config) if args.config else {}):
+            raise ConfigError(f"trace_oracle needs an env that exposes true values; {args.env} does not.")
+        names.remove("trace_oracle")
+        print(f"note: {args.env} exposes no true values; skipping trace_oracle", file=sys.stderr)
+    for name in names:  # fail on a bad configuration before any rollout
+        build_sampler(name, 0, args.group_size, args.scope)
     results = run_comparison(
         config,
-        samplers,
+        lambda seed: [build_sampler(name, seed, args.group_size, args.scope) for name in names],
         lambda: POLICIES[args.policy](args),
-        out=args.out,
+        trees_dir=args.trees,
         progress=False if args.quiet else None,
     )
     print(
-        f"{config.env}: {config.steps} steps, M={budget.roots}, N={budget.continuations_per_root}, "
-        f"Mmax={budget.max_per_prompt}, {budget.candidates} candidates, "
-        f"{budget.total} rollouts per step per sampler, policy {args.policy}"
+        f"{config.env} with policy {args.policy}: {config.steps} steps x seeds {list(config.seeds)}, "
+        f"M={budget.roots}, N={budget.continuations_per_root}, Mmax={budget.max_per_prompt}, "
+        f"{budget.candidates} candidates, {budget.total} rollouts per step per sampler; "
+        f"means over steps {config.warmup + 1}-{config.steps}"
     )
-    print(format_table(results))
-    if args.out is not None:
-        print(f"wrote {args.out / 'summary.json'} and trees-*.jsonl")
+    print(format_table(config, results))
+    plot = args.plot or (args.output.with_suffix(".png") if args.output else Path("compare.png"))
+    write_plot(config, results, plot)
+    print(f"wrote {plot}")
+    if args.output is not None:
+        write_summary(config, results, args.output)
+        print(f"wrote {args.output}")
     return 0
 
 

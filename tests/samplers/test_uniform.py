@@ -34,7 +34,7 @@ def test_pool_too_small_is_refused(runner):
 
 
 def test_group_of_one_is_refused():
-    with pytest.raises(ConfigError, match="group_size must be >= 2"):
+    with pytest.raises(ConfigError, match="group_size must be an int >= 2"):
         UniformSampler(group_size=1)
 
 

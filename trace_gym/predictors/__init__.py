@@ -1,0 +1,34 @@
+"""Success-probability predictors for anchors (prompts and prefixes), DESIGN section 8."""
+
+from trace_gym.predictors.base import (
+    Anchor,
+    Example,
+    Predictor,
+    anchor_depth,
+    anchor_messages,
+    anchor_task,
+    anchor_text,
+    anchor_turns,
+    check_probabilities,
+    training_examples,
+)
+from trace_gym.predictors.beta import BetaPredictor
+from trace_gym.predictors.features import FeatureConfig, FeaturePredictor
+from trace_gym.predictors.oracle import OraclePredictor
+
+__all__ = [
+    "Anchor",
+    "BetaPredictor",
+    "Example",
+    "FeatureConfig",
+    "FeaturePredictor",
+    "OraclePredictor",
+    "Predictor",
+    "anchor_depth",
+    "anchor_messages",
+    "anchor_task",
+    "anchor_text",
+    "anchor_turns",
+    "check_probabilities",
+    "training_examples",
+]
