@@ -1,22 +1,49 @@
 import json
 import subprocess
-import sys
 
 import pytest
 
 from trace_gym.cli import main
 
+SMALL = ["--steps", "2", "--warmup", "1", "--seeds", "3", "--roots", "16", "--candidates", "20",
+         "--env-kwargs", '{"num_tasks": 40}', "--quiet"]  # fmt: skip
 
-def test_compare_prints_a_table_and_writes_results(tmp_path, capsys):
-    rc = main(
-        ["compare", "--steps", "2", "--roots", "16", "--candidates", "20",
-         "--env-kwargs", '{"num_tasks": 40}', "--out", str(tmp_path), "--quiet"]
-    )  # fmt: skip
-    out = capsys.readouterr().out
+
+def test_compare_prints_a_table_and_writes_json_and_plot(tmp_path, capsys):
+    out = tmp_path / "result.json"
+    assert main(["compare", *SMALL, "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "M=16, N=1, Mmax=8, 20 candidates, 32 rollouts per step per sampler" in printed
+    for name in ("uniform", "pcl", "treepo", "trace", "trace_oracle"):
+        assert f"\n{name} " in printed
+    data = json.loads(out.read_text())
+    assert set(data["samplers"]) == {"uniform", "pcl", "treepo", "trace", "trace_oracle"}
+    assert data["config"]["steps"] == 2 and data["config"]["seeds"] == [3]
+    assert "effective_ratio" in data["samplers"]["trace"]
+    assert (tmp_path / "result.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_yaml_config_with_flag_overrides(tmp_path, capsys):
+    config = tmp_path / "cmp.yaml"
+    config.write_text(
+        "samplers: uniform,trace\nsteps: 3\nwarmup: 1\nseeds: [4]\nroots: 16\ncandidates: 20\n"
+        "env_kwargs: {num_tasks: 40}\nmax-per-prompt: 4\n"
+    )
+    out = tmp_path / "r.json"
+    rc = main(["compare", "--config", str(config), "--steps", "2", "--output", str(out), "--quiet"])
     assert rc == 0
-    assert "M=16, N=1, Mmax=8, 20 candidates, 32 rollouts per step" in out
-    assert "uniform" in out
-    assert json.loads((tmp_path / "summary.json").read_text())["config"]["steps"] == 2
+    data = json.loads(out.read_text())
+    assert set(data["samplers"]) == {"uniform", "trace"}
+    assert data["config"]["steps"] == 2  # the flag wins over the file
+    assert data["config"]["budget"]["max_per_prompt"] == 4  # the file wins over the default
+    assert "Mmax=4" in capsys.readouterr().out
+
+
+def test_yaml_config_with_unknown_option_is_refused(tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text("stepz: 3\n")
+    assert main(["compare", "--config", str(config)]) == 2
+    assert "has unknown options ['stepz']" in capsys.readouterr().err
 
 
 def test_unspendable_budget_is_a_clear_error(capsys):
@@ -33,7 +60,9 @@ def test_bad_env_kwargs_json_is_refused(capsys):
 def test_unknown_sampler_is_refused(capsys):
     with pytest.raises(SystemExit, match="2"):
         main(["compare", "--samplers", "magic"])
-    assert "unknown ['magic']; choose from uniform" in capsys.readouterr().err
+    assert (
+        "unknown ['magic']; choose from uniform, pcl, treepo, trace, trace_oracle" in capsys.readouterr().err
+    )
 
 
 def test_envs_and_tasks(capsys):
@@ -50,9 +79,9 @@ def test_unknown_env_is_an_error(capsys):
     assert "Nope" in capsys.readouterr().err
 
 
-def test_console_script_runs():
+def test_console_script_runs(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "trace_gym.cli", "compare", "--steps", "1", "--quiet"],
+        ["trace-gym", "compare", *SMALL, "--samplers", "uniform", "--plot", str(tmp_path / "p.png")],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "uniform" in out.stdout

@@ -37,7 +37,7 @@ COMPARE_DEFAULTS: dict[str, Any] = {
     "env_kwargs": {},
     "policy": "simulated",
     "samplers": list(SAMPLER_NAMES),
-    "steps": 10,
+    "steps": 8,
     "seeds": [0, 1],
     "warmup": 3,
     "roots": 256,
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--samplers", type=_names, help=f"comma-separated, from {','.join(SAMPLER_NAMES)} (default: all)"
     )
-    compare.add_argument("--steps", type=int, help="sampling steps per sampler and seed (default 10)")
+    compare.add_argument("--steps", type=int, help="sampling steps per sampler and seed (default 8)")
     compare.add_argument("--seeds", type=_seeds, help="comma-separated seeds, one run each (default 0,1)")
     compare.add_argument("--warmup", type=int, help="first steps left out of the summary (default 3)")
     compare.add_argument("--roots", type=int, help="M: root rollouts per step (default 256)")

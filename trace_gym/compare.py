@@ -54,7 +54,7 @@ class CompareConfig:
     """Gymnasium id of the env."""
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments for `gymnasium.make`."""
-    steps: int = 10
+    steps: int = 8
     """Sampling steps per sampler and seed."""
     seeds: tuple[int, ...] = (0, 1)
     """One full run per seed (candidate pools, rollouts, predictors all reseeded)."""
@@ -282,9 +282,12 @@ def write_plot(config: CompareConfig, results: Sequence[SamplerRuns], path: Path
     except ImportError:
         raise MissingDependencyError("matplotlib", "compare", "Writing the comparison plot") from None
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    colours = {r.name: f"C{i}" for i, r in enumerate(results)}
     for r in results:
         per_step = np.nanmean([[s["effective_ratio"] for s in runs] for runs in r.steps.values()], axis=0)
-        axes[0].plot(np.arange(1, len(per_step) + 1), per_step, marker="o", label=r.name)
+        axes[0].plot(
+            np.arange(1, len(per_step) + 1), per_step, marker="o", label=r.name, color=colours[r.name]
+        )
     if config.warmup:
         axes[0].axvspan(0.5, config.warmup + 0.5, color="0.9", label="warm-up")
     axes[0].set(xlabel="step", ylabel="effective ratio", title="Effective ratio per step (mean over seeds)")
@@ -297,7 +300,12 @@ def write_plot(config: CompareConfig, results: Sequence[SamplerRuns], path: Path
         if drawn:
             top = max(max(c) for _, c in drawn)
             bins = np.arange(0.5, top + 1.5)
-            ax.hist([c for _, c in drawn], bins=bins, label=[n for n, _ in drawn])
+            ax.hist(
+                [c for _, c in drawn],
+                bins=bins,
+                label=[n for n, _ in drawn],
+                color=[colours[n] for n, _ in drawn],
+            )
             ax.legend(fontsize=8)
         ax.set(xlabel="rollouts", ylabel="count", title=title)
     fig.suptitle(
