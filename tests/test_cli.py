@@ -85,3 +85,14 @@ def test_console_script_runs(tmp_path):
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "uniform" in out.stdout
+
+
+def test_example_config_is_valid():
+    from pathlib import Path
+
+    from trace_gym.cli import COMPARE_DEFAULTS, _read_config
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "compare.yaml"
+    options = _read_config(example)
+    assert set(options) <= set(COMPARE_DEFAULTS)
+    assert options["samplers"] == ["uniform", "pcl", "treepo", "trace", "trace_oracle"]
