@@ -96,3 +96,23 @@ def test_example_config_is_valid():
     options = _read_config(example)
     assert set(options) <= set(COMPARE_DEFAULTS)
     assert options["samplers"] == ["uniform", "pcl", "treepo", "trace", "trace_oracle"]
+
+
+def test_trace_oracle_is_skipped_where_the_env_exposes_no_true_values(capsys):
+    import gymnasium
+
+    from tests.test_testing import TASKS, TallyEnv
+
+    gymnasium.register("trace_gym_test/CliTally-v0", entry_point=lambda **kw: TallyEnv(**kw))
+    try:
+        args = ["compare", "--env", "trace_gym_test/CliTally-v0", "--steps", "2", "--warmup", "1",
+                "--seeds", "0", "--roots", "4", "--candidates", str(len(TASKS)), "--max-per-prompt", "4",
+                "--group-size", "4", "--continuations", "0", "--quiet", "--plot", "/dev/null"]  # fmt: skip
+        assert main(args) == 0
+        captured = capsys.readouterr()
+        assert "exposes no true values; skipping trace_oracle" in captured.err
+        assert "\ntrace " in captured.out and "trace_oracle" not in captured.out
+        assert main([*args, "--samplers", "trace_oracle"]) == 2
+        assert "trace_oracle needs an env that exposes true values" in capsys.readouterr().err
+    finally:
+        del gymnasium.registry["trace_gym_test/CliTally-v0"]

@@ -42,3 +42,23 @@ def test_contrast_pairs_per_anchor():
     tree = _tree("a", [True, False, False])  # root only anchor: 1 * 2 pairs
     assert contrast_pairs_per_anchor([tree]) == 2
     assert math.isnan(contrast_pairs_per_anchor([]))
+
+
+def test_prediction_calibration_compares_with_realised_subtree_means():
+    from trace_gym.metrics import brier_score, prediction_calibration
+    from trace_gym.samplers import Prediction, SampleBatch
+
+    tree = _tree("a", [True, False, False, True])  # root mean 0.5 over 4 leaves
+    leaf = tree.nodes[1]
+    predictions = [
+        Prediction("a", 0, "root", 0.8),  # realised 0.5, weight 4
+        Prediction("a", leaf.id, "prefix", 0.25),  # realised 1.0, weight 1
+        Prediction("skipped", None, "root", 0.1),  # no rollouts: left out
+        Prediction("other", 0, "root", 0.3),  # no such tree: left out
+    ]
+    batch = SampleBatch([tree], Ledger.from_trees([tree]), predictions=predictions)
+    result = prediction_calibration(batch)
+    expected = (4 * (0.8 - 0.5) ** 2 + 1 * (0.25 - 1.0) ** 2) / 5
+    assert result["brier"] == brier_score([0.8, 0.25], [0.5, 1.0], [4, 1]) == expected
+    assert result["ece"] > 0
+    assert math.isnan(prediction_calibration(SampleBatch([tree], Ledger()))["brier"])

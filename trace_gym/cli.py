@@ -131,11 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def compare_options(args: argparse.Namespace) -> argparse.Namespace:
-    """Defaults, then the YAML file of --config, then the flags given."""
+    """Defaults, then the YAML file of --config, then the flags given.
+
+    `samplers_chosen` says whether the samplers were named (not the default set).
+    """
     options = dict(COMPARE_DEFAULTS)
-    if args.config is not None:
-        options.update(_read_config(args.config))
+    from_file = _read_config(args.config) if args.config is not None else {}
+    options.update(from_file)
     options.update({k: v for k, v in vars(args).items() if k in COMPARE_DEFAULTS and v is not None})
+    options["samplers_chosen"] = args.samplers is not None or "samplers" in from_file
     for key in ("output", "plot", "trees"):
         if options[key] is not None:
             options[key] = Path(options[key])
@@ -188,7 +192,7 @@ def _compare(raw: argparse.Namespace) -> int:
     config = CompareConfig(args.env, args.env_kwargs, args.steps, tuple(args.seeds), args.warmup, budget)
     names = list(args.samplers)
     if "trace_oracle" in names and not _oracle_available(args.env, args.env_kwargs):
-        if raw.samplers is not None or "samplers" in (_read_config(args.config) if args.config else {}):
+        if args.samplers_chosen:
             raise ConfigError(f"trace_oracle needs an env that exposes true values; {args.env} does not.")
         names.remove("trace_oracle")
         print(f"note: {args.env} exposes no true values; skipping trace_oracle", file=sys.stderr)
