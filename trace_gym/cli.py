@@ -28,9 +28,20 @@ from trace_gym.policies.base import Policy
 from trace_gym.policies.simulated import SimulatedPolicy
 from trace_gym.predictors import OraclePredictor
 from trace_gym.registration import registered_env_ids
+from trace_gym.rollout import SamplingParams
+
+
+def _smollm2(args: argparse.Namespace) -> Policy:
+    from trace_gym.policies.hf import HFPolicy
+    from trace_gym.policies.smollm2 import load_smollm2
+
+    model, tokenizer = load_smollm2()
+    return HFPolicy(model, tokenizer)
+
 
 POLICIES: dict[str, Callable[[argparse.Namespace], Policy]] = {
     "simulated": lambda args: SimulatedPolicy(),
+    "smollm2": _smollm2,
 }
 COMPARE_DEFAULTS: dict[str, Any] = {
     "env": "trace_gym/SyntheticTree-v0",
@@ -50,6 +61,8 @@ COMPARE_DEFAULTS: dict[str, Any] = {
     "output": None,
     "plot": None,
     "trees": None,
+    "max_new_tokens": 256,
+    "temperature": 1.0,
     "quiet": False,
 }
 
@@ -116,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--min-group", type=int, help="fewest root rollouts of an active prompt (default 2)")
     compare.add_argument("--group-size", type=int, help="G of uniform, PCL and TreePO (default 8)")
     compare.add_argument("--scope", choices=["per_prompt", "global"], help="TRACE's Stage 2 budget scope")
+    compare.add_argument("--max-new-tokens", type=int, help="cap on generated tokens per turn (default 256)")
+    compare.add_argument("--temperature", type=float, help="sampling temperature (default 1.0)")
     compare.add_argument("--output", type=Path, help="write the summary as JSON to this path")
     compare.add_argument("--plot", type=Path, help="PNG path (default: --output with .png, else compare.png)")
     compare.add_argument("--trees", type=Path, help="folder for each sampler's trees as JSON lines")
@@ -189,7 +204,10 @@ def _oracle_available(env_id: str, env_kwargs: dict[str, Any]) -> bool:
 def _compare(raw: argparse.Namespace) -> int:
     args = compare_options(raw)
     budget = Budget(args.roots, args.continuations, args.max_per_prompt, args.candidates, args.min_group)
-    config = CompareConfig(args.env, args.env_kwargs, args.steps, tuple(args.seeds), args.warmup, budget)
+    sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    config = CompareConfig(
+        args.env, args.env_kwargs, args.steps, tuple(args.seeds), args.warmup, budget, sampling
+    )
     names = list(args.samplers)
     if "trace_oracle" in names and not _oracle_available(args.env, args.env_kwargs):
         if args.samplers_chosen:
@@ -198,10 +216,11 @@ def _compare(raw: argparse.Namespace) -> int:
         print(f"note: {args.env} exposes no true values; skipping trace_oracle", file=sys.stderr)
     for name in names:  # fail on a bad configuration before any rollout
         build_sampler(name, 0, args.group_size, args.scope)
+    policy = POLICIES[args.policy](args)  # one instance serves every runner
     results = run_comparison(
         config,
         lambda seed: [build_sampler(name, seed, args.group_size, args.scope) for name in names],
-        lambda: POLICIES[args.policy](args),
+        lambda: policy,
         trees_dir=args.trees,
         progress=False if args.quiet else None,
     )

@@ -24,7 +24,7 @@ from trace_gym.metrics import (
 )
 from trace_gym.policies.base import Policy
 from trace_gym.predictors import FeaturePredictor, OraclePredictor
-from trace_gym.rollout import RolloutRunner
+from trace_gym.rollout import RolloutRunner, SamplingParams
 from trace_gym.samplers import PCLSampler, TraceSampler, TreePOSampler, UniformSampler
 from trace_gym.samplers.base import SampleBatch, Sampler
 from trace_gym.samplers.trace import Scope
@@ -62,6 +62,8 @@ class CompareConfig:
     """First steps of each run left out of the summary (predictors start knowing nothing)."""
     budget: Budget = field(default_factory=lambda: Budget(256, 1, 8, 512))
     """M, N, Mmax and the candidate pool size of every step."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Sampling settings of every generation request."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -211,7 +213,10 @@ def _run_seed(
     bar: Any,
 ) -> None:
     runners = [
-        RolloutRunner(config.env, policy_factory(), seed=seed, env_kwargs=config.env_kwargs) for _ in samplers
+        RolloutRunner(
+            config.env, policy_factory(), seed=seed, env_kwargs=config.env_kwargs, sampling=config.sampling
+        )
+        for _ in samplers
     ]
     try:
         tasks = runners[0].tasks

@@ -38,10 +38,10 @@ class WrapperStateError(SnapshotError):
 class MissingDependencyError(TraceGymError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
-    def __init__(self, package: str, extra: str, purpose: str) -> None:
+    def __init__(self, package: str, extra: str, purpose: str, *, command: str | None = None) -> None:
+        command = command or f"pip install 'trace-gym[{extra}]'"
         super().__init__(
-            f"{purpose} needs the package {package!r}, which is not installed. "
-            f"Install it with: pip install 'trace-gym[{extra}]'"
+            f"{purpose} needs the package {package!r}, which is not installed. Install it with: {command}"
         )
 
 

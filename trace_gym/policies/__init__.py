@@ -1,6 +1,27 @@
-"""Generation backends behind the `Policy` interface."""
+"""Generation backends behind the `Policy` interface.
+
+`HFPolicy` and `make_tiny_model` need the `hf` extra (torch, transformers); they are
+imported on first access (PEP 562), so `import trace_gym` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from trace_gym.policies.base import Policy
 from trace_gym.policies.simulated import SimulatedPolicy
 
-__all__ = ["Policy", "SimulatedPolicy"]
+if TYPE_CHECKING:
+    from trace_gym.policies.hf import HFPolicy
+    from trace_gym.policies.tiny import make_tiny_model
+
+__all__ = ["HFPolicy", "Policy", "SimulatedPolicy", "make_tiny_model"]
+
+_LAZY = {"HFPolicy": "trace_gym.policies.hf", "make_tiny_model": "trace_gym.policies.tiny"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

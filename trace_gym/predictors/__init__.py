@@ -22,6 +22,7 @@ __all__ = [
     "Example",
     "FeatureConfig",
     "FeaturePredictor",
+    "LMValuePredictor",
     "OraclePredictor",
     "Predictor",
     "anchor_depth",
@@ -32,3 +33,12 @@ __all__ = [
     "check_probabilities",
     "training_examples",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # LMValuePredictor needs torch; import it only when asked for, so the core stays light.
+    if name == "LMValuePredictor":
+        from trace_gym.predictors.lm_value import LMValuePredictor
+
+        return LMValuePredictor
+    raise AttributeError(f"module 'trace_gym.predictors' has no attribute {name!r}")
