@@ -102,3 +102,11 @@ def test_bad_config_is_refused(kwargs, match):
 def test_unknown_sampler_name_is_refused():
     with pytest.raises(ConfigError, match="Unknown sampler 'magic'; choose from uniform"):
         build_sampler("magic", 0)
+
+
+def test_a_second_run_into_the_same_folder_replaces_the_trees(tmp_path):
+    for _ in range(2):
+        run_comparison(
+            _config(), lambda s: [UniformSampler(8)], SimulatedPolicy, trees_dir=tmp_path, progress=False
+        )
+    assert len(read_jsonl(tmp_path / "trees-uniform.jsonl")) == 3 * 4

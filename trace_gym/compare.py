@@ -240,7 +240,9 @@ def _run_seed(
                     runs.fallbacks.append(f"seed {seed} step {step}: {batch.fallback}")
                 if trees_dir is not None:
                     trees_dir.mkdir(parents=True, exist_ok=True)
-                    with open(trees_dir / f"trees-{sampler.name}.jsonl", "a", encoding="utf-8") as fh:
+                    first = len(runs.steps) == 1 and len(runs.steps[seed]) == 1  # this run's first write
+                    path = trees_dir / f"trees-{sampler.name}.jsonl"
+                    with open(path, "w" if first else "a", encoding="utf-8") as fh:
                         write_jsonl(batch.trees, fh)
             bar.update(1)
     finally:
