@@ -60,7 +60,8 @@ def vllm_tokens_per_second(model_dir: Path, new_tokens: int) -> float | None:
 import json, os, time
 if __name__ == "__main__":
     from vllm import LLM, SamplingParams
-    llm = LLM(model={str(model_dir)!r}, enable_prefix_caching=True, max_model_len=2048)
+    llm = LLM(model={str(model_dir)!r}, enable_prefix_caching=True, max_model_len=2048,
+              dtype="float32", enforce_eager=True)
     prompts = [llm.get_tokenizer().apply_chat_template([{{"role": "user", "content": {QUESTION!r}}}],
                tokenize=False, add_generation_prompt=True)] * 4
     params = SamplingParams(n=4, temperature=1.0, max_tokens={new_tokens}, ignore_eos=True, seed=0)
@@ -72,6 +73,7 @@ if __name__ == "__main__":
     os._exit(0)  # an engine left to the interpreter's exit can hang for minutes
 """
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
+    # enforce_eager: compiling the model graph takes longer than the measurement on a small CPU
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
         fh.write(script)
     result = subprocess.run([str(python), fh.name], capture_output=True, text=True, env=env, timeout=900)
