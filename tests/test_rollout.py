@@ -558,3 +558,37 @@ def test_uniform_effective_ratio_is_calibrated() -> None:
     trees = runner.run([Job(t, 8) for t in runner.tasks[:400]])
     ratio = sum(t.is_effective for t in trees) / len(trees)
     assert 0.25 <= ratio <= 0.37, ratio
+
+
+# ----- tools that change with the env's state ---------------------------------------------
+class ToolsByTurnEnv(SyntheticTreeEnv):
+    """SyntheticTree whose tools name the turn and quote the task's prompt."""
+
+    @property
+    def tools(self) -> tuple[dict[str, Any], ...]:  # type: ignore[override]
+        if self.task is None:
+            return ()
+        prompt = self.transcript[-1]["content"] if self.turn == 0 else self.transcript[1]["content"]
+        return ({"type": "function", "function": {"name": f"turn{self.turn}", "description": prompt}},)
+
+
+class ToolsRecordingPolicy(CountingPolicy):
+    def check(self) -> int:
+        checked = 0
+        for request in (r for call in self.calls for r in call):
+            turn = sum(m["role"] == "assistant" for m in request.messages)
+            assert len(request.tools) == 1
+            assert request.tools[0]["function"]["name"] == f"turn{turn}"
+            assert request.tools[0]["function"]["description"] == request.messages[1]["content"]
+            checked += 1
+        return checked
+
+
+def test_requests_offer_the_tools_of_their_own_branch_state() -> None:
+    policy = ToolsRecordingPolicy()
+    runner = make_runner(policy, seed=3, env=lambda: ToolsByTurnEnv())
+    trees = runner.run([Job(t, 2) for t in runner.tasks[:3]])
+    anchors = pick_anchors(trees, 3)
+    assert any(a.depth > 0 for a in anchors)
+    runner.run([Job(a, 2, stage="continuation") for a in anchors])
+    assert policy.check() > 10

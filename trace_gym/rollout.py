@@ -86,6 +86,7 @@ class _Branch:
     messages: tuple[Message, ...]  # the conversation so far, as the next request sends it
     env: Brancher | None = None
     anchor_snapshot: Snapshot | None = None  # to restore before the first step
+    tools: tuple[Mapping[str, Any], ...] = ()  # the env's tools now, offered to the next request
 
 
 @dataclass(slots=True)
@@ -98,6 +99,7 @@ class _StepResult:
     truncated: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     snapshot: Snapshot | None = None
+    tools: tuple[Mapping[str, Any], ...] | None = None
     error: str | None = None
 
 
@@ -334,7 +336,14 @@ class RolloutRunner:
             assert anchor.snapshot is not None
             history = tuple(anchor.history())
             group = [
-                _Branch(anchor.tree, anchor, job.stage, history, anchor_snapshot=anchor.snapshot)
+                _Branch(
+                    anchor.tree,
+                    anchor,
+                    job.stage,
+                    history,
+                    anchor_snapshot=anchor.snapshot,
+                    tools=self._tools if anchor.tools is None else anchor.tools,
+                )
                 for _ in range(take)
             ]
             live.extend(group)
@@ -357,6 +366,7 @@ class RolloutRunner:
             root.info = _jsonable(info)
             root.messages = tuple(env.base.transcript)
             root.snapshot = env.snapshot()
+            root.tools = tuple(env.base.tools)
         except Exception as exc:  # an env that cannot start this task: a failed rollout
             root.failed, root.error = True, f"reset failed: {_describe(exc)}"
             if env is not None:
@@ -384,7 +394,7 @@ class RolloutRunner:
                     max_new_tokens=self.sampling.max_new_tokens,
                     stop=self._stop,
                     seed=seed,
-                    tools=self._tools,
+                    tools=group[0].tools,
                 )
             )
             owners.append((group, seed))
@@ -462,6 +472,7 @@ class RolloutRunner:
             )
             if not (terminated or truncated):
                 result.snapshot = slot.snapshot()
+                result.tools = tuple(slot.base.tools)
             return result
         except Exception as exc:  # a failing env or tool: this rollout fails, others go on
             slot.env.close()
@@ -503,9 +514,12 @@ class RolloutRunner:
             seed=seed,
             info=_jsonable(info),
             snapshot=result.snapshot,
+            tools=result.tools,
         )
         branch.tree.attach(node)
         branch.node = node
+        if result.tools is not None:
+            branch.tools = result.tools
         if not node.done:
             branch.messages = (
                 *branch.messages,

@@ -56,6 +56,8 @@ class Node:
         seed: The generation request's seed.
         info: The env's info dict (JSON-serialisable values only).
         snapshot: The env's state after this turn (not serialised; None on leaves).
+        tools: The env's tools after this turn, what a continuation from here is offered
+            (not serialised; envs like FunctionCalling-v0 change them by task and turn).
         children: Later turns branching from this one.
     """
 
@@ -81,6 +83,7 @@ class Node:
     seed: int | None = None
     info: dict[str, Any] = field(default_factory=dict)
     snapshot: Snapshot | None = field(default=None, repr=False)
+    tools: tuple[Mapping[str, Any], ...] | None = field(default=None, repr=False)
     children: list[Node] = field(default_factory=list, repr=False)
     tree: RolloutTree | None = field(default=None, repr=False)
 
@@ -113,7 +116,7 @@ class Node:
         return messages
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable form, without parent links, children or snapshot."""
+        """A JSON-serialisable form, without parent links, children, snapshot or tools."""
         data = {name: getattr(self, name) for name in _SERIALISED}
         data["parent"] = self.parent.id if self.parent is not None else None
         data["messages"] = [dict(m) for m in self.messages]
