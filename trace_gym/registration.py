@@ -6,6 +6,7 @@ import gymnasium
 
 ENVS: dict[str, str] = {
     "trace_gym/SyntheticTree-v0": "trace_gym.envs.synthetic:SyntheticTreeEnv",
+    "trace_gym/MathPython-v0": "trace_gym.envs.math_python:MathPythonEnv",
     "trace_gym/FunctionCalling-v0": "trace_gym.envs.function_calling:FunctionCallingEnv",
 }
 
