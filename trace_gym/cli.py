@@ -1,4 +1,4 @@
-"""The `trace-gym` command: `compare` (the main job), `envs` and `tasks`."""
+"""The `trace-gym` command: `compare` (the main job), `train`, `envs` and `tasks`."""
 
 from __future__ import annotations
 
@@ -136,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--trees", type=Path, help="folder for each sampler's trees as JSON lines")
     compare.add_argument("--quiet", action="store_true", default=None, help="no progress bar")
 
+    sub.add_parser(
+        "train",
+        add_help=False,  # `trace-gym train --help` lists TreeGRPOConfig's flags (TrlParser)
+        help="tree-GRPO training on sampled trees (needs the train extra); see `trace-gym train --help`",
+        description="TreeGRPOTrainer with a YAML --config and flag overrides.",
+    )
+
     sub.add_parser("envs", help="list the registered trace_gym envs")
 
     tasks = sub.add_parser("tasks", help="list an env's task ids")
@@ -261,8 +268,17 @@ def _tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    try:
+        from trace_gym.trainers.script import train_main
+    except ImportError as exc:
+        raise MissingDependencyError(exc.name or "trl", "train", "trace-gym train") from None
+    return train_main(args.train_args)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "compare": _compare,
+    "train": _train,
     "envs": _envs,
     "tasks": _tasks,
 }
@@ -270,7 +286,12 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `trace-gym` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "train":
+        args.train_args = extra  # parsed by the trainer's own dataclass parser
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return COMMANDS[args.command](args)
     except (TraceGymError, gymnasium.error.Error) as exc:
