@@ -538,14 +538,7 @@ class Manager:
     # process bookkeeping ---------------------------------------------------------------
 
     def _reap_orphans(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            self.statuses[pid] = status
+        _reap_into(self.statuses)
 
     def _strays(self, keep_live: bool) -> list[int]:
         """Processes below the manager that are neither checkpoints nor (if `keep_live`) the live one.
