@@ -285,6 +285,39 @@ def test_answer_phrases_can_be_turned_off() -> None:
         strict.close()
 
 
+@pytest.mark.parametrize(
+    ("action", "reward"),
+    [
+        ("Ben has 5 + 4 = 9 books now.", 0.0),
+        ("So 40 + 2 = 42 apples.", 1.0),
+        ("It is 1,042 minus 1,000: 42", 1.0),
+    ],
+)
+def test_last_number_reads_the_turns_last_number_when_asked(action: str, reward: float) -> None:
+    lenient = MathPythonEnv([_task("42")], sandbox_kwargs=PROCESS, last_number=True)
+    try:
+        lenient.reset(seed=0)
+        _, got, terminated, _, _ = lenient.step(action)
+        assert (got, terminated) == (reward, True)
+    finally:
+        lenient.close()
+
+
+def test_last_number_is_off_by_default_and_never_outranks_tags_or_calls(env: MathPythonEnv) -> None:
+    _reset(env, "42")
+    observation, _, terminated, *_ = env.step("So 40 + 2 = 42 apples.")
+    assert not terminated and "no tool call and no final answer" in observation
+    lenient = MathPythonEnv([_task("42")], sandbox_kwargs=PROCESS, last_number=True)
+    try:
+        lenient.reset(seed=0)
+        assert lenient.step("42 is it? <answer>41</answer>")[1] == 0.0
+        lenient.reset(seed=0)
+        observation, _, terminated, *_ = lenient.step("Try 42: " + python_call("print(40 + 2)"))
+        assert (observation, terminated) == ("42", False)
+    finally:
+        lenient.close()
+
+
 def test_an_answer_next_to_a_tool_call_is_graded_and_the_call_not_run(env: MathPythonEnv) -> None:
     _reset(env, "7")
     _, reward, terminated, _, info = env.step(python_call("print('unseen')") + "<answer>7</answer>")

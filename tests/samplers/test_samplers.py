@@ -207,3 +207,27 @@ def test_visited_prefixes_are_inner_turns(runner):
     [tree] = runner.run([__import__("trace_gym").Job(runner.tasks[0], 3)])
     prefixes = visited_prefixes(tree)
     assert prefixes and all(n.parent is not None and not n.done for n in prefixes)
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        TraceSampler(OraclePredictor()),
+        TraceSampler(OraclePredictor(), scope="global", name="trace_global"),
+        TreePOSampler(4, seed=1),
+    ],
+    ids=lambda s: s.name,
+)
+def test_a_step_of_one_turn_episodes_branches_from_the_prompts(sampler: Sampler) -> None:
+    """No rollout left a prefix: the Stage 2 budget goes to the roots, not to an error."""
+    kwargs = {"num_tasks": 32, "min_steps": 1, "max_steps": 1, "extra_turns": 0}
+    with RolloutRunner(ENV_ID, SimulatedPolicy(), seed=3, env_kwargs=kwargs) as one_turn:
+        budget = Budget(8, 1, 4, 8)
+        batch = sampler.sample(list(one_turn.tasks[:8]), one_turn, budget)
+    assert batch.ledger.total().rollouts == budget.total == 16
+    assert sum(len(list(t.leaves())) for t in batch.trees) == 16
+    assert all(not visited_prefixes(t) for t in batch.trees)
+    assert sum(batch.allocations["prefixes"].values()) == 8
+    assert all(key.endswith("/0") for key in batch.allocations["prefixes"])  # node 0: the root
+    if sampler.name == "trace":  # per prompt: each prompt's share stays with it
+        assert batch.allocations["prefixes"] == {f"{t}/0": m for t, m in batch.allocations["roots"].items()}

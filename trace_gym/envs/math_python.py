@@ -49,6 +49,7 @@ _ANSWER_PHRASE = re.compile(
     r"[ \t]*\$?([^\n]*?)\$?[ \t]*\.?[ \t]*(?=\n|$)",
     re.IGNORECASE,
 )
+_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 SHOW_VARIABLES = "print(sorted((k, v) for k, v in globals().items() if k[:1] == 'v' and k[1:].isdigit()))"
 
 
@@ -79,6 +80,10 @@ class MathPythonConfig:
     answer_phrases: bool = True
     """Also read "The answer is X" and "#### X" (the last one) in a turn without tool calls,
     tags or boxes as a final answer, so small models that ignore the tags have a chance."""
+    last_number: bool = False
+    """Also read the last number of a turn without tool calls, tags, boxes or answer phrases
+    as its final answer (the lenient GSM8K-style reading). Off by default: any turn that
+    mentions a number then ends the episode, so the tool is rarely reached."""
 
     def __post_init__(self) -> None:
         if self.sandbox not in ("process", "docker"):
@@ -108,6 +113,16 @@ def phrase_answer(text: str) -> str | None:
     """
     matches = _ANSWER_PHRASE.findall(text)
     return matches[-1].strip() if matches else None
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in `text` (thousands commas dropped), else None.
+
+    >>> last_number("Ben has 5 + 4 = 9 books, or 1,024/2 pages.")
+    '1024/2'
+    """
+    matches = _NUMBER.findall(text)
+    return matches[-1].replace(",", "") if matches else None
 
 
 def python_call(code: str) -> str:
@@ -158,7 +173,8 @@ class MathPythonEnv(BranchableEnv):
     `\boxed{...}`. An `<answer>` ends the episode even next to a tool call (which is
     then not run); a `\boxed{}` counts only in a turn without tool calls, and so do, with
     `answer_phrases=True` (the default), "The answer is X", "Final answer: X" and
-    "#### X" (the last such line; tags and boxes come first). A turn with
+    "#### X" (the last such line; tags and boxes come first), and with
+    `last_number=True` (off by default) the turn's last number. A turn with
     neither, bad JSON, an unknown tool, a missing `code` argument or an empty answer
     gets an error observation and the episode goes on.
 
@@ -254,6 +270,8 @@ class MathPythonEnv(BranchableEnv):
             answer = extract_boxed(turn.text)
             if answer is None and self.config.answer_phrases:
                 answer = phrase_answer(turn.text)
+            if answer is None and self.config.last_number:
+                answer = last_number(turn.text)
         if answer is not None and answer.strip():
             return self._grade(answer, ignored_calls=len(turn.calls))
         info: dict[str, Any] = {

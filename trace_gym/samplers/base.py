@@ -117,6 +117,20 @@ def visited_prefixes(tree: RolloutTree) -> list[Node]:
     return [n for n in tree.nodes[1:] if not n.done and n.snapshot is not None]
 
 
+def branch_points(trees: Sequence[RolloutTree]) -> list[list[Node]]:
+    """Each tree's visited prefixes; the roots when no tree has one.
+
+    When every rollout of a step ended after one turn (a single-turn env, or a multi-turn
+    env answered at once), the only prefix left is each prompt's empty one: continuations
+    from a root are further full rollouts of that prompt, so a Stage 2 budget is still
+    spent, and spent on the prompts.
+    """
+    pools = [visited_prefixes(t) for t in trees]
+    if any(pools):
+        return pools
+    return [[t.root] for t in trees if t.root.snapshot is not None and not t.root.done]
+
+
 def observed_reward(node: Node) -> float:
     """r: the mean reward of the leaves below `node` (after Stage 1: its one rollout's reward)."""
     tree = node.tree
@@ -144,11 +158,14 @@ def random_prefix_counts(
     """Spend `per_tree[i]` continuations on prefixes of `trees[i]` chosen uniformly at random.
 
     A tree with no prefix (every rollout ended after one turn) passes its share to the
-    trees that have some, so the budget is still spent exactly.
+    trees that have some, so the budget is still spent exactly; when no tree has one, the
+    roots are the prefixes (`branch_points`).
     """
     counts: dict[Node, int] = {}
     leftover = 0
-    pools = [visited_prefixes(t) for t in trees]
+    pools = branch_points(trees)
+    if len(pools) != len(trees):  # roots that cannot be branched: nothing to spend on
+        pools = [[] for _ in trees]
     for pool, k in zip(pools, per_tree, strict=True):
         if not pool:
             leftover += k
@@ -158,8 +175,8 @@ def random_prefix_counts(
     everything = [n for pool in pools for n in pool]
     if leftover and not everything:
         raise BudgetError(
-            f"No prefix to spend {leftover} continuations on: every rollout ended after one "
-            "turn. Use continuations_per_root=0 for single-turn envs."
+            f"No prefix to spend {leftover} continuations on: no rollout left a prefix and no root "
+            "has a snapshot to branch from. Use continuations_per_root=0 with this env."
         )
     for j in rng.integers(len(everything), size=leftover) if leftover else []:
         counts[everything[j]] = counts.get(everything[j], 0) + 1

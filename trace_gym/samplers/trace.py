@@ -15,6 +15,7 @@ from trace_gym.rollout import RolloutRunner
 from trace_gym.samplers.base import (
     SampleBatch,
     Sampler,
+    branch_points,
     check_pool,
     fit_or_explain,
     observed_reward,
@@ -24,7 +25,6 @@ from trace_gym.samplers.base import (
     root_predictions,
     run_continuations,
     run_roots,
-    visited_prefixes,
 )
 from trace_gym.tree import Node, RolloutTree
 from trace_gym.types import Task
@@ -49,8 +49,10 @@ class TraceSampler(Sampler):
     5. Fit the predictor on the trees (targets: subtree success rates).
 
     A prompt whose rollouts left no prefix passes its Stage 2 share to the pool of all
-    prefixes. If the predictor raises, that stage falls back to uniform choices (equal
-    values in Stage 1, random prefixes in Stage 2) and the batch records why.
+    prefixes; when no rollout of the step left one, the prompts' roots are the prefixes
+    (continuations from a root are further rollouts of that prompt). If the predictor
+    raises, that stage falls back to uniform choices (equal values in Stage 1, random
+    prefixes in Stage 2) and the batch records why.
 
     Args:
         predictor: Predicts success probabilities of prompts and prefixes.
@@ -107,7 +109,9 @@ class TraceSampler(Sampler):
         shares = [mi * n for mi in m]
         if not sum(shares):
             return {}, None
-        pools = [visited_prefixes(t) for t in trees]
+        pools = branch_points(trees)
+        if len(pools) != len(trees):
+            return random_prefix_counts(trees, shares, self.rng), None  # raises its BudgetError
         prefixes = [node for pool in pools for node in pool]
         v, why = predict_or_explain(self.predictor, prefixes, "visited prefixes")
         if v is None:
