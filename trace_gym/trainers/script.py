@@ -50,8 +50,22 @@ class TrainScriptArguments:
         default="hf",
         metadata={
             "help": "'hf': sample with the trainer's own model (transformers); 'vllm': a colocated vLLM "
-            "engine (VLLMPolicy) that receives the new weights before every step.",
-            "choices": ["hf", "vllm"],
+            "engine (VLLMPolicy) that receives the new weights before every step; 'vllm-server': a "
+            "`vllm serve` server at vllm_server_base_url (or vllm_server_host:vllm_server_port), started "
+            "with VLLM_SERVER_DEV_MODE=1, that reloads the new weights from vllm_weights_dir before "
+            "every step (VLLMServerPolicy).",
+            "choices": ["hf", "vllm", "vllm-server"],
+        },
+    )
+    served_model_name: str | None = field(
+        default=None,
+        metadata={"help": "The model name the vLLM server serves (default: the model argument)."},
+    )
+    vllm_weights_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder the trainer writes each step's weights to for the vLLM server to reload "
+            "(default: <output_dir>/vllm_weights); the server must read it under the same path."
         },
     )
     summary: str | None = field(default=None, metadata={"help": "Write the final summary as JSON here."})
@@ -94,6 +108,21 @@ def _vllm_policy(script: TrainScriptArguments, config: TreeGRPOConfig) -> Policy
     )
 
 
+def _vllm_server_policy(script: TrainScriptArguments, config: TreeGRPOConfig) -> Policy:
+    from trace_gym.policies.vllm_server import VLLMServerPolicy
+
+    url = config.vllm_server_base_url or f"http://{config.vllm_server_host}:{config.vllm_server_port}"
+    if not url.rstrip("/").endswith("/v1"):
+        url = url.rstrip("/") + "/v1"
+    weights = script.vllm_weights_dir or str(Path(config.output_dir or ".") / "vllm_weights")
+    return VLLMServerPolicy(
+        url,
+        script.served_model_name or script.model,
+        weights_dir=weights,
+        timeout=config.vllm_server_timeout,
+    )
+
+
 def build_trainer(script: TrainScriptArguments, config: TreeGRPOConfig) -> TreeGRPOTrainer:
     """The model, sampler and trainer a parsed command line describes."""
     if config.use_vllm:
@@ -103,7 +132,11 @@ def build_trainer(script: TrainScriptArguments, config: TreeGRPOConfig) -> TreeG
         )
     model, tokenizer = _load_model(script.model)
     sampler = build_sampler(script.sampler, config.seed, script.group_size, script.scope)  # type: ignore[arg-type]
-    policy = _vllm_policy(script, config) if script.generation == "vllm" else None
+    policy: Policy | None = None
+    if script.generation == "vllm":
+        policy = _vllm_policy(script, config)
+    elif script.generation == "vllm-server":
+        policy = _vllm_server_policy(script, config)
     return TreeGRPOTrainer(model, config, sampler, processing_class=tokenizer, policy=policy)
 
 
