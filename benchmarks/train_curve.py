@@ -28,7 +28,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 import torch
-from transformers import PrinterCallback
+from transformers import PrinterCallback, TrainerCallback
 
 from trace_gym.predictors import FeaturePredictor
 from trace_gym.samplers import TraceSampler, UniformSampler
@@ -48,13 +48,39 @@ def pick_env() -> tuple[str, dict[str, Any]]:
             "max_steps": 2,
             "extra_turns": 0,
         }
-    return "trace_gym/MathPython-v0", {"difficulty": 0.0, "num_tasks": 64, "max_turns": 2}
+    # The turn's last number counts as its answer: SmolLM2 rarely writes tags or answer phrases.
+    return "trace_gym/MathPython-v0", {
+        "difficulty": 0.0,
+        "num_tasks": 64,
+        "max_turns": 2,
+        "last_number": True,
+    }
 
 
 def make_sampler(name: str, seed: int, group_size: int) -> Sampler:
     if name == "uniform":
         return UniformSampler(group_size)
     return TraceSampler(FeaturePredictor(seed=seed), seed=seed)
+
+
+class StepLog(TrainerCallback):
+    """Appends each step's metrics to a JSON-lines file and prints a progress line."""
+
+    def __init__(self, path: Path, label: str) -> None:
+        self.path, self.label = path, label
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any
+    ) -> None:
+        if logs and "reward" in logs:
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"run": self.label, "step": state.global_step, **logs}) + "\n")
+            print(
+                f"{self.label} step {state.global_step}: reward {logs['reward']:.3f}, "
+                f"effective ratio {logs['effective_ratio']:.3f}, {logs.get('step_time', math.nan):.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def run(
@@ -81,6 +107,7 @@ def run(
             max_per_prompt=args.group_size,
             candidates=args.candidates,
             max_completion_length=args.max_new_tokens,
+            temperature=args.temperature,
             learning_rate=args.lr,
             loss_type="dapo",
             beta=0.0,
@@ -98,6 +125,8 @@ def run(
             model, config, make_sampler(name, seed, args.group_size), processing_class=tokenizer
         )
         trainer.remove_callback(PrinterCallback)  # the table below says it once
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        trainer.add_callback(StepLog(args.output.with_suffix(".steps.jsonl"), f"seed {seed} {name}"))
         trainer.train()
     keys = (
         "reward",
@@ -190,6 +219,7 @@ def main() -> int:
     parser.add_argument("--group-size", type=int, default=4, help="G of uniform (and Mmax)")
     parser.add_argument("--candidates", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--grad-accum", type=int, default=4, help="micro-batches per step (bounds memory)")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
@@ -219,7 +249,7 @@ def main() -> int:
     total = args.roots * (1 + args.continuations)
     title = (
         f"{'SmolLM2-135M-Instruct' if args.model == 'smollm2' else 'tiny random model'} on {env} {env_kwargs}: M={args.roots}, N={args.continuations}, "
-        f"{total} rollouts/step, {args.max_new_tokens} tokens/turn, lr {args.lr}, seeds {seeds}"
+        f"{total} rollouts/step, {args.max_new_tokens} tokens/turn, temperature {args.temperature}, lr {args.lr}, seeds {seeds}"
     )
     print(title)
     print(table(results, args.steps))
