@@ -83,9 +83,66 @@ class StepLog(TrainerCallback):
             )
 
 
+def held_out_tasks(env: str, env_kwargs: dict[str, Any], problems: int) -> list[Any]:
+    """`problems` MathPython tasks from another generator seed, none with a training task's text."""
+    if problems <= 0 or "MathPython" not in env:
+        return []
+    train: Any = gymnasium.make(env, **env_kwargs)
+    other: Any = gymnasium.make(env, **{**env_kwargs, "seed": 10_000, "num_tasks": 4 * problems})
+    try:
+        seen = {task.prompt for task in train.unwrapped.tasks}
+        return [task for task in other.unwrapped.tasks if task.prompt not in seen][:problems]
+    finally:
+        train.close()
+        other.close()
+
+
+def held_out_accuracy(
+    model: Any, tokenizer: Any, env: str, env_kwargs: dict[str, Any], tasks: list[Any], max_new_tokens: int
+) -> float:
+    """Greedy one-turn success rate on `tasks`, graded by the env (NaN without tasks)."""
+    if not tasks:
+        return math.nan
+    from trace_gym.policies.hf import HFPolicy
+    from trace_gym.types import GenerationRequest
+
+    policy = HFPolicy(model, tokenizer, max_batch_size=8)
+    grader: Any = gymnasium.make(env, **env_kwargs).unwrapped
+    was_training = model.training
+    model.eval()
+    try:
+        requests = []
+        for task in tasks:
+            grader.reset(options={"task": task})
+            requests.append(
+                GenerationRequest(
+                    tuple(grader.transcript),
+                    max_new_tokens=max_new_tokens,
+                    temperature=0.0,
+                    stop=grader.stop_sequences,
+                    tools=grader.tools,
+                )
+            )
+        with torch.no_grad():
+            outputs = policy.generate(requests)
+        solved = 0
+        for task, samples in zip(tasks, outputs, strict=True):
+            grader.reset(options={"task": task})
+            solved += float(grader.step(samples[0].text)[1]) > 0
+        return solved / len(tasks)
+    finally:
+        model.train(was_training)
+        grader.close()
+
+
 def run(
-    name: str, seed: int, args: argparse.Namespace, env: str, env_kwargs: dict[str, Any]
-) -> list[dict[str, float]]:
+    name: str,
+    seed: int,
+    args: argparse.Namespace,
+    env: str,
+    env_kwargs: dict[str, Any],
+    held_out: list[Any],
+) -> tuple[list[dict[str, float]], dict[str, float]]:
     model: Any
     tokenizer: Any
     if args.model == "tiny":  # a smoke test of the script itself
@@ -96,6 +153,9 @@ def run(
         from trace_gym.policies.smollm2 import load_smollm2
 
         model, tokenizer = load_smollm2()
+    evaluation = {
+        "before": held_out_accuracy(model, tokenizer, env, env_kwargs, held_out, args.max_new_tokens)
+    }
     with tempfile.TemporaryDirectory() as out:
         config = TreeGRPOConfig(
             output_dir=out,
@@ -128,6 +188,7 @@ def run(
         args.output.parent.mkdir(parents=True, exist_ok=True)
         trainer.add_callback(StepLog(args.output.with_suffix(".steps.jsonl"), f"seed {seed} {name}"))
         trainer.train()
+    evaluation["after"] = held_out_accuracy(model, tokenizer, env, env_kwargs, held_out, args.max_new_tokens)
     keys = (
         "reward",
         "effective_ratio",
@@ -136,8 +197,19 @@ def run(
         "ledger/generated_tokens",
         "step_time",
     )
-    return [
+    steps = [
         {k: float(log.get(k, math.nan)) for k in keys} for log in trainer.state.log_history if "reward" in log
+    ]
+    return steps, evaluation
+
+
+def evaluation_lines(evaluations: dict[str, dict[int, dict[str, float]]], problems: int) -> list[str]:
+    return [
+        f"{name} seed {seed}: held-out greedy accuracy {e['before']:.3f} before, {e['after']:.3f} after "
+        f"({problems} problems)"
+        for name, by_seed in evaluations.items()
+        for seed, e in by_seed.items()
+        if not math.isnan(e["before"])
     ]
 
 
@@ -192,9 +264,15 @@ def plot(results: dict[str, dict[int, list[dict[str, float]]]], title: str, path
 def merge(paths: list[Path], output: Path, title: str = "") -> int:
     """Combine runs of the same configuration split by seed (a results or a .partial.json file each)."""
     results: dict[str, dict[int, list[dict[str, float]]]] = {}
+    evaluations: dict[str, dict[int, dict[str, float]]] = {}
+    problems = 0
     for path in paths:
         data = json.loads(path.read_text(encoding="utf-8"))
         title = data.get("title", title)
+        problems = data.get("held_out_problems", problems)
+        for name, by_seed in data.get("held_out", {}).items():
+            for seed, e in by_seed.items():
+                evaluations.setdefault(name, {})[int(seed)] = e
         for name, by_seed in data.get("results", data).items():
             for seed, runs in by_seed.items():
                 results.setdefault(name, {})[int(seed)] = runs
@@ -203,7 +281,9 @@ def merge(paths: list[Path], output: Path, title: str = "") -> int:
     title = title.rsplit(", seeds", 1)[0] + f", seeds {seeds}"
     print(title)
     print(table(results, steps))
-    output.write_text(json.dumps({"title": title, "results": results}, indent=2) + "\n", encoding="utf-8")
+    print("\n".join(evaluation_lines(evaluations, problems)))
+    body = {"title": title, "results": results, "held_out": evaluations, "held_out_problems": problems}
+    output.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
     plot(results, title, output.with_suffix(".png"))
     print(f"wrote {output} and {output.with_suffix('.png')}")
     return 0
@@ -224,6 +304,12 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--eval-problems",
+        type=int,
+        default=32,
+        help="held-out MathPython problems solved greedily before and after training (0: none)",
+    )
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "train_curve.json")
     parser.add_argument(
         "--merge", type=Path, nargs="+", help="only combine the results files of runs split by seed"
@@ -237,15 +323,18 @@ def main() -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     names = args.samplers.split(",")
     results: dict[str, dict[int, list[dict[str, float]]]] = {n: {} for n in names}
+    evaluations: dict[str, dict[int, dict[str, float]]] = {n: {} for n in names}
+    held_out = held_out_tasks(env, env_kwargs, args.eval_problems)
     start = time.perf_counter()
     for seed in seeds:
         for name in names:
             t0 = time.perf_counter()
-            results[name][seed] = run(name, seed, args, env, env_kwargs)
+            results[name][seed], evaluations[name][seed] = run(name, seed, args, env, env_kwargs, held_out)
             print(f"seed {seed} {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             partial = args.output.with_suffix(".partial.json")
             partial.parent.mkdir(parents=True, exist_ok=True)
-            partial.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+            body = {"results": results, "held_out": evaluations, "held_out_problems": len(held_out)}
+            partial.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
     total = args.roots * (1 + args.continuations)
     title = (
         f"{'SmolLM2-135M-Instruct' if args.model == 'smollm2' else 'tiny random model'} on {env} {env_kwargs}: M={args.roots}, N={args.continuations}, "
@@ -253,11 +342,22 @@ def main() -> int:
     )
     print(title)
     print(table(results, args.steps))
+    print("\n".join(evaluation_lines(evaluations, len(held_out))))
     print(f"total wall time {time.perf_counter() - start:.0f} s")
     print("reproduce: python " + " ".join(sys.argv))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(
-        json.dumps({"title": title, "env": env, "env_kwargs": env_kwargs, "results": results}, indent=2)
+        json.dumps(
+            {
+                "title": title,
+                "env": env,
+                "env_kwargs": env_kwargs,
+                "results": results,
+                "held_out": evaluations,
+                "held_out_problems": len(held_out),
+            },
+            indent=2,
+        )
         + "\n",
         encoding="utf-8",
     )
