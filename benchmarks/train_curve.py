@@ -104,35 +104,19 @@ def held_out_accuracy(
     if not tasks:
         return math.nan
     from trace_gym.policies.hf import HFPolicy
-    from trace_gym.types import GenerationRequest
+    from trace_gym.rollout import Job, RolloutRunner, SamplingParams
 
     policy = HFPolicy(model, tokenizer, max_batch_size=8)
-    grader: Any = gymnasium.make(env, **env_kwargs).unwrapped
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    one_turn = {**env_kwargs, "max_turns": 1}
     was_training = model.training
     model.eval()
     try:
-        requests = []
-        for task in tasks:
-            grader.reset(options={"task": task})
-            requests.append(
-                GenerationRequest(
-                    tuple(grader.transcript),
-                    max_new_tokens=max_new_tokens,
-                    temperature=0.0,
-                    stop=grader.stop_sequences,
-                    tools=grader.tools,
-                )
-            )
-        with torch.no_grad():
-            outputs = policy.generate(requests)
-        solved = 0
-        for task, samples in zip(tasks, outputs, strict=True):
-            grader.reset(options={"task": task})
-            solved += float(grader.step(samples[0].text)[1]) > 0
-        return solved / len(tasks)
+        with torch.no_grad(), RolloutRunner(env, policy, sampling=greedy, env_kwargs=one_turn) as runner:
+            trees = runner.run([Job(task, 1) for task in tasks])
     finally:
         model.train(was_training)
-        grader.close()
+    return float(np.mean([leaf.reward > 0 for tree in trees for leaf in tree.leaves()]))
 
 
 def run(
