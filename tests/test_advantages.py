@@ -21,12 +21,16 @@ from trace_gym.errors import ConfigError
 Shape = Any  # a float (a leaf's reward) or a list of shapes (a turn with children)
 
 
-def build(shape: list[Shape], task_id: str = "t") -> RolloutTree:
-    """A tree whose root has `shape`'s children; each node's action names its path."""
+def build(shape: list[Shape], task_id: str = "t", order: Any = list) -> RolloutTree:
+    """A tree whose root has `shape`'s children; each node's action names its path.
+
+    `order` rearranges each node's (index, child) pairs before they are added, so the
+    same labelled tree can be built with its siblings in another order.
+    """
     tree = RolloutTree(Task(task_id, "prompt"))
 
     def grow(parent, children, path):
-        for k, child in enumerate(children):
+        for k, child in order(enumerate(children)):
             label = f"{path}/{k}"
             if isinstance(child, list):
                 grow(tree.add_child(parent, action=label), child, label)
@@ -219,20 +223,7 @@ def test_permuting_siblings_changes_nothing(shape, name, rnd):
         return children
 
     labelled = build(shape)
-    # The same tree with siblings in another order: build from the permuted shape but keep labels
-    # by building nodes with the original labels.
-    tree = RolloutTree(Task("t", "prompt"))
-
-    def grow(parent, children, path):
-        order = shuffled(list(enumerate(children)))
-        for k, child in order:
-            label = f"{path}/{k}"
-            if isinstance(child, list):
-                grow(tree.add_child(parent, action=label), child, label)
-            else:
-                tree.add_child(parent, action=label, reward=float(child), terminated=True)
-
-    grow(tree.root, shape, "")
+    tree = build(shape, order=shuffled)  # the same labels, siblings in another order
     [a] = ESTIMATORS[name]([labelled])
     [b] = ESTIMATORS[name]([tree])
     assert by_label(labelled, a) == pytest.approx(by_label(tree, b), abs=1e-12)

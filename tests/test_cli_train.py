@@ -12,12 +12,7 @@ torch = pytest.importorskip("torch", reason="needs the hf extra: pip install 'tr
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def write_config(tmp_path: Path, **extra: object) -> Path:

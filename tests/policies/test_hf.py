@@ -18,13 +18,7 @@ TOOLS = (
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny matmuls run fastest on one thread, and the test machine's cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
