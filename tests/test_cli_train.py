@@ -61,6 +61,8 @@ def test_bad_train_configs_are_explained(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--config", str(write_config(tmp_path)), "--sampler", "best"])
     assert "invalid choice: 'best'" in capsys.readouterr().err
+    assert main(["train", "--config", str(write_config(tmp_path)), "--use_vllm", "true"]) == 2
+    assert "generation=vllm-server" in capsys.readouterr().err
 
 
 def test_other_commands_still_refuse_unknown_flags(capsys):

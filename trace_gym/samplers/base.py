@@ -128,7 +128,7 @@ def branch_points(trees: Sequence[RolloutTree]) -> list[list[Node]]:
     pools = [visited_prefixes(t) for t in trees]
     if any(pools):
         return pools
-    return [[t.root] for t in trees if t.root.snapshot is not None and not t.root.done]
+    return [[t.root] if t.root.snapshot is not None and not t.root.done else [] for t in trees]
 
 
 def observed_reward(node: Node) -> float:
@@ -164,8 +164,6 @@ def random_prefix_counts(
     counts: dict[Node, int] = {}
     leftover = 0
     pools = branch_points(trees)
-    if len(pools) != len(trees):  # roots that cannot be branched: nothing to spend on
-        pools = [[] for _ in trees]
     for pool, k in zip(pools, per_tree, strict=True):
         if not pool:
             leftover += k

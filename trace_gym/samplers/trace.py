@@ -110,8 +110,6 @@ class TraceSampler(Sampler):
         if not sum(shares):
             return {}, None
         pools = branch_points(trees)
-        if len(pools) != len(trees):
-            return random_prefix_counts(trees, shares, self.rng), None  # raises its BudgetError
         prefixes = [node for pool in pools for node in pool]
         v, why = predict_or_explain(self.predictor, prefixes, "visited prefixes")
         if v is None:

@@ -128,7 +128,8 @@ def build_trainer(script: TrainScriptArguments, config: TreeGRPOConfig) -> TreeG
     if config.use_vllm:
         raise ConfigError(
             "use_vllm starts TRL's own vLLM engine, which generates without the env. Set use_vllm=false "
-            "and generation=vllm: the trainer's VLLMPolicy samples the trees and gets the weights each step."
+            "and generation=vllm (a colocated VLLMPolicy) or generation=vllm-server (VLLMServerPolicy): "
+            "they sample the trees through the env and get the trainer's weights each step."
         )
     model, tokenizer = _load_model(script.model)
     sampler = build_sampler(script.sampler, config.seed, script.group_size, script.scope)  # type: ignore[arg-type]
