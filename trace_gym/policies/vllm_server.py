@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trace_gym.errors import ConfigError, TraceGymError
+from trace_gym.errors import ConfigError, MissingDependencyError, TraceGymError
 from trace_gym.policies.openai_compat import OpenAIPolicy
 
 __all__ = ["VLLMServerPolicy"]
@@ -70,7 +70,10 @@ class VLLMServerPolicy(OpenAIPolicy):
             raise ConfigError(
                 f"load_weights takes a torch model or a non-empty state dict, got {type(weights).__name__}."
             )
-        from safetensors.torch import save_file
+        try:
+            from safetensors.torch import save_file
+        except ImportError:
+            raise MissingDependencyError("safetensors", "hf", "VLLMServerPolicy.load_weights") from None
 
         # Every name, tied ones too: vLLM's in-place reload leaves a tied lm_head stale when
         # its tensor is missing (as in save_pretrained's output). Copies, since safetensors
